@@ -1,0 +1,311 @@
+"""What hardware is here: device facts, datasheet peaks, the measured roofline (lab 00).
+
+Importing this module switches Triton to its interpreter when no GPU is present, so
+``from fastdl_lab import device`` before the first ``@triton.jit`` is all a lab needs to run its
+kernels on the CPU. This is also the only module that synchronises the device; every other module
+calls :func:`synchronize` so that no ``torch.cuda`` call is ever reached on a CPU-only build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+_TRUTHY = {"1", "true", "on", "yes"}
+
+
+def has_gpu() -> bool:
+    # Some broken CUDA installs raise instead of answering False; treat them as no GPU.
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def enable_interpreter_if_no_gpu() -> bool:
+    if not has_gpu():
+        # setdefault: a user who exported TRITON_INTERPRET=0 on purpose keeps their choice.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return interpreting()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUTHY
+
+
+enable_interpreter_if_no_gpu()
+
+
+def synchronize() -> None:
+    if has_gpu():
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# Device facts
+
+
+@dataclass
+class DeviceInfo:
+    kind: str
+    name: str
+    sm_count: int | None
+    memory_bytes: int
+    cpu_count: int
+    torch_version: str
+    triton_version: str | None
+    cuda_version: str | None
+    driver: str | None
+    capability: tuple[int, int] | None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _package_version(name: str) -> str | None:
+    # Read from metadata: importing triton here would make every `import fastdl_lab.device` heavy.
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_count() -> int:
+    # The affinity mask is what a container or a grader's CPU limit actually grants us.
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _driver_version() -> str | None:
+    # torch exposes the CUDA API version but not the kernel driver's, which is what a record needs.
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
+@functools.cache
+def info() -> DeviceInfo:
+    common = dict(
+        cpu_count=_cpu_count(),
+        torch_version=torch.__version__,
+        triton_version=_package_version("triton"),
+        cuda_version=torch.version.cuda,
+    )
+    if not has_gpu():
+        return DeviceInfo(kind="cpu", name=_cpu_name(), sm_count=None,
+                          memory_bytes=_host_memory_bytes(), driver=None, capability=None,
+                          **common)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return DeviceInfo(kind="cuda", name=props.name, sm_count=props.multi_processor_count,
+                      memory_bytes=props.total_memory, driver=_driver_version(),
+                      capability=(props.major, props.minor), **common)
+
+
+# --------------------------------------------------------------------------------------------
+# Datasheet peaks
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Vendor datasheet figures. Tensor-core rates are dense (the 2:4-sparsity figures are 2x)."""
+
+    name: str
+    fp32_tflops: float
+    tf32_tflops: float | None
+    fp16_tflops: float
+    bf16_tflops: float | None
+    int8_tops: float
+    mem_bw_gbs: float
+    memory_gb: float
+    l2_mb: float
+    sm_count: int
+
+
+PEAKS: dict[str, Peak] = {
+    "h100": Peak("H100 SXM5 80GB", fp32_tflops=67.0, tf32_tflops=494.7, fp16_tflops=989.4,
+                 bf16_tflops=989.4, int8_tops=1978.9, mem_bw_gbs=3350.0, memory_gb=80.0,
+                 l2_mb=50.0, sm_count=132),
+    # Same GH100 compute as the H100 SXM; the difference is HBM3e capacity and bandwidth.
+    "h200": Peak("H200 SXM 141GB", fp32_tflops=67.0, tf32_tflops=494.7, fp16_tflops=989.4,
+                 bf16_tflops=989.4, int8_tops=1978.9, mem_bw_gbs=4800.0, memory_gb=141.0,
+                 l2_mb=50.0, sm_count=132),
+    "a100": Peak("A100 SXM4 80GB", fp32_tflops=19.5, tf32_tflops=156.0, fp16_tflops=312.0,
+                 bf16_tflops=312.0, int8_tops=624.0, mem_bw_gbs=2039.0, memory_gb=80.0,
+                 l2_mb=40.0, sm_count=108),
+    "l4": Peak("L4", fp32_tflops=30.3, tf32_tflops=60.0, fp16_tflops=121.0, bf16_tflops=121.0,
+               int8_tops=242.5, mem_bw_gbs=300.0, memory_gb=24.0, l2_mb=48.0, sm_count=58),
+    # Turing tensor cores have neither TF32 nor bf16.
+    "t4": Peak("T4", fp32_tflops=8.1, tf32_tflops=None, fp16_tflops=65.0, bf16_tflops=None,
+               int8_tops=130.0, mem_bw_gbs=320.0, memory_gb=16.0, l2_mb=4.0, sm_count=40),
+}
+
+# Whole-token matches, so "GH200" is not taken for an H200 nor "RTX A1000" for an A100.
+_NAME_PATTERNS = {key: re.compile(rf"(?<![A-Z0-9]){key.upper()}(?![0-9])") for key in PEAKS}
+
+
+def _peak_key(name: str) -> str | None:
+    upper = name.upper()
+    for key, pattern in _NAME_PATTERNS.items():
+        if pattern.search(upper):
+            return key
+    return None
+
+
+def datasheet_peak(name: str | None = None) -> Peak | None:
+    """Datasheet figures for a CUDA device name (the current device when None).
+
+    PCIe and NVL variants match their family and get the SXM figures listed here, which are
+    upper bounds for them.
+    """
+    if name is None:
+        if not has_gpu():
+            return None
+        name = info().name
+    key = _peak_key(name)
+    return PEAKS[key] if key else None
+
+
+_PROFILED = {"t4", "a100", "h100", "h200"}
+
+
+def profile_name() -> str:
+    """The grading hardware profile of this machine (``autograder/profiles/<name>.json``)."""
+    if not has_gpu():
+        return "cpu"
+    key = _peak_key(info().name)
+    return key if key in _PROFILED else "default"
+
+
+# --------------------------------------------------------------------------------------------
+# Roofline
+
+
+@dataclass
+class Roofline:
+    bandwidth_gbs: float
+    tflops: float
+    dtype: torch.dtype
+    source: str
+    device: str
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOP per byte at which compute stops being limited by memory."""
+        return self.tflops * 1e12 / (self.bandwidth_gbs * 1e9)
+
+    def attainable_tflops(self, intensity: float) -> float:
+        return min(self.tflops, intensity * self.bandwidth_gbs / 1e3)
+
+
+_PEAK_FIELD = {torch.float32: "fp32_tflops", torch.float16: "fp16_tflops",
+               torch.bfloat16: "bf16_tflops"}
+
+
+def datasheet_roofline(name: str | None = None, dtype: torch.dtype = torch.float32
+                       ) -> Roofline | None:
+    """The roofline a datasheet promises, to set beside :func:`measure_roofline`'s."""
+    peak = datasheet_peak(name)
+    tflops = getattr(peak, _PEAK_FIELD.get(dtype, ""), None) if peak else None
+    if tflops is None:
+        return None
+    return Roofline(bandwidth_gbs=peak.mem_bw_gbs, tflops=tflops, dtype=dtype,
+                    source="datasheet", device=peak.name)
+
+
+def measure_roofline(*, copy_bytes: int | None = None, matmul_n: int | None = None,
+                     dtype: torch.dtype = torch.float32, reps: int = 5) -> Roofline:
+    """Measure both roofs: a large copy for bandwidth and a large matmul for FLOP/s.
+
+    Defaults keep the CPU run under about two seconds on two cores; on a GPU they are large
+    enough that launch overhead is negligible.
+    """
+    from fastdl_lab import timing
+
+    gpu = has_gpu()
+    dev = "cuda" if gpu else "cpu"
+    copy_bytes = copy_bytes or (1 << 30 if gpu else 64 << 20)
+    matmul_n = matmul_n or (8192 if gpu else 1024)
+
+    src = torch.empty(copy_bytes // dtype.itemsize, dtype=dtype, device=dev).fill_(1)
+    dst = torch.empty_like(src)
+    copy_s = timing.bench(lambda: dst.copy_(src), warmup=1, reps=reps).median
+    # A copy reads every byte once and writes it once.
+    moved = 2 * src.nbytes
+    del src, dst  # free the copy buffers before the matmul allocates its own
+
+    a = torch.randn(matmul_n, matmul_n, device=dev).to(dtype)
+    b = torch.randn(matmul_n, matmul_n, device=dev).to(dtype)
+    c = torch.empty_like(a)
+    mm_s = timing.bench(lambda: torch.mm(a, b, out=c), warmup=1, reps=reps).median
+
+    return Roofline(bandwidth_gbs=moved / copy_s / 1e9, tflops=2 * matmul_n**3 / mm_s / 1e12,
+                    dtype=dtype, source="measured", device=info().name)
+
+
+# --------------------------------------------------------------------------------------------
+# Summary
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def describe() -> str:
+    """A short summary of this machine for the first cell of every lab."""
+    d = info()
+    if d.kind == "cuda":
+        major, minor = d.capability
+        lines = [f"device    {d.name} ({d.sm_count} SMs, compute capability {major}.{minor})",
+                 f"memory    {_gib(d.memory_bytes)} on the GPU; host has {d.cpu_count} cores"]
+    else:
+        lines = [f"device    CPU only: {d.name} ({d.cpu_count} cores)",
+                 f"memory    {_gib(d.memory_bytes)}"]
+    versions = f"torch {d.torch_version}, triton {d.triton_version or 'not installed'}"
+    if d.cuda_version:
+        versions += f", CUDA {d.cuda_version}"
+    if d.driver:
+        versions += f", driver {d.driver}"
+    lines.append(f"versions  {versions}")
+    lines.append("triton    " + ("interpreter ON: kernels run on the CPU, correct but slow"
+                               if interpreting() else "compiled kernels on the GPU"))
+    peak = datasheet_peak() if d.kind == "cuda" else None
+    if peak:
+        lines.append(f"datasheet {peak.name}: {peak.fp32_tflops:g} TFLOP/s fp32, "
+                     f"{peak.fp16_tflops:g} TFLOP/s fp16 tensor cores, {peak.mem_bw_gbs:g} GB/s")
+    elif d.kind == "cuda":
+        lines.append("datasheet no peak figures known for this GPU")
+    lines.append(f"profile   {profile_name()}")
+    return "\n".join(lines)

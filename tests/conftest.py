@@ -1,0 +1,30 @@
+import os
+from pathlib import Path
+
+# Keep every cache inside the project even when pytest is run directly rather than through make.
+_CACHE = Path(__file__).resolve().parent.parent / "build" / "cache"
+for _var, _sub in {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",
+    "JUPYTER_RUNTIME_DIR": "jupyter/runtime",
+    "JUPYTER_DATA_DIR": "jupyter/data",
+    "JUPYTER_CONFIG_DIR": "jupyter/config",
+    "IPYTHONDIR": "ipython",
+    "MPLCONFIGDIR": "matplotlib",
+}.items():
+    os.environ.setdefault(_var, str(_CACHE / _sub))
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,103 @@
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fastdl_lab import device
+
+
+@pytest.fixture
+def cpu_only():
+    if device.has_gpu():
+        pytest.skip("checks the CPU-only behaviour")
+
+
+def test_import_turns_the_interpreter_on_without_a_gpu(cpu_only):
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert device.interpreting()
+    assert device.enable_interpreter_if_no_gpu()
+
+
+def test_an_explicit_choice_of_interpreter_is_kept(cpu_only, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not device.enable_interpreter_if_no_gpu()
+    assert os.environ["TRITON_INTERPRET"] == "0"
+
+
+def test_cpu_facts(cpu_only):
+    info = device.info()
+    assert info.kind == "cpu"
+    assert info.sm_count is None and info.driver is None and info.capability is None
+    assert info.cpu_count >= 1 and info.memory_bytes > 0
+    assert info.torch_version == torch.__version__
+    assert info.as_dict()["kind"] == "cpu"
+    assert device.profile_name() == "cpu"
+    assert device.datasheet_peak() is None
+    device.synchronize()
+
+
+def test_harness_modules_do_not_import_triton():
+    code = ("import sys; from fastdl_lab import checks, device, timing; device.describe(); "
+            "assert 'triton' not in sys.modules, 'triton was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H100 PCIe", "h100"),
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("Tesla T4", "t4"),
+    ("NVIDIA L4", "l4"),
+])
+def test_datasheet_peak_matches_device_names(name, key):
+    assert device.datasheet_peak(name) is device.PEAKS[key]
+
+
+@pytest.mark.parametrize("name", ["NVIDIA L40S", "NVIDIA GH200 480GB", "NVIDIA RTX A1000",
+                                  "NVIDIA GeForce RTX 4090", "AMD Instinct MI300X"])
+def test_datasheet_peak_is_none_for_other_devices(name):
+    assert device.datasheet_peak(name) is None
+
+
+def test_peaks_are_consistent():
+    for key, peak in device.PEAKS.items():
+        assert peak.fp16_tflops > peak.fp32_tflops > 0, key
+        assert peak.mem_bw_gbs > 0 and peak.memory_gb > 0 and peak.l2_mb > 0, key
+    assert device.PEAKS["t4"].bf16_tflops is None and device.PEAKS["t4"].tf32_tflops is None
+    assert device.PEAKS["h200"].mem_bw_gbs > device.PEAKS["h100"].mem_bw_gbs
+
+
+def test_roofline_ridge_point():
+    roof = device.Roofline(bandwidth_gbs=2000.0, tflops=100.0, dtype=torch.float16,
+                           source="datasheet", device="test")
+    assert roof.ridge_intensity == pytest.approx(50.0)
+    assert roof.attainable_tflops(10.0) == pytest.approx(20.0)
+    assert roof.attainable_tflops(50.0) == pytest.approx(100.0)
+    assert roof.attainable_tflops(1000.0) == pytest.approx(100.0)
+
+
+def test_datasheet_roofline():
+    roof = device.datasheet_roofline("NVIDIA A100-SXM4-80GB", torch.bfloat16)
+    assert (roof.tflops, roof.bandwidth_gbs, roof.source) == (312.0, 2039.0, "datasheet")
+    assert device.datasheet_roofline("Tesla T4", torch.bfloat16) is None
+    assert device.datasheet_roofline("unknown GPU") is None
+
+
+def test_measure_roofline_gives_positive_finite_figures():
+    roof = device.measure_roofline(copy_bytes=8 << 20, matmul_n=256, reps=2)
+    assert roof.source == "measured" and roof.dtype == torch.float32
+    for value in (roof.bandwidth_gbs, roof.tflops, roof.ridge_intensity):
+        assert math.isfinite(value) and value > 0
+
+
+def test_describe_summarises_the_machine():
+    text = device.describe()
+    info = device.info()
+    assert info.name in text and info.torch_version in text
+    assert "interpreter ON" in text or not device.interpreting()
+    assert device.profile_name() in text
