@@ -1,0 +1,1 @@
+"""The fastdl-lab autograder: course build, trusted grading engine and CLI (python -m autograder)."""

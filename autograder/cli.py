@@ -1,0 +1,141 @@
+"""``python -m autograder``: build the course, autograde, feedback, report, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from autograder import pipeline, profiles
+from autograder.course import ROOT, Course, build
+from autograder.engine.items import all_labs, load_lab
+
+
+def _course(args) -> Course:
+    return Course(Path(args.course)) if args.course else Course.default()
+
+
+def _seed(args) -> int:
+    from fastdl_lab.checks import fresh_seed
+
+    return args.seed if args.seed is not None else fresh_seed()
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'student':<22} {'lab':<11} {'item':<16} {'score':>9}  {'status':<16} reason"]
+    for r in rows:
+        score = f"{r['score']:g}/{r['max_score']:g}"
+        lines.append(f"{r['student']:<22} {r['lab']:<11} {r['item']:<16} {score:>9}  {r['status']:<16} {r['reason'][:90]}")
+    lines.append("")
+    for (student, lab), t in sorted(pipeline.totals(rows).items()):
+        note = f"  ({t['left_out']:g} points need a GPU: left out of the total)" if t["left_out"] else ""
+        lines.append(f"total {student:<22} {lab:<11} {t['score']:g}/{t['max']:g}{note}")
+    return "\n".join(lines)
+
+
+def _print_failures(failures: list[str]) -> None:
+    if failures:
+        print(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
+        for f in failures:
+            print(f"  - {f}")
+
+
+def cmd_build(args) -> int:
+    built = build(_course(args), args.labs or None)
+    print(f"built {', '.join(built)} in {_course(args).root}")
+    return 0
+
+
+def cmd_autograde(args) -> int:
+    course = _course(args)
+    lab = load_lab(args.lab)
+    summary = pipeline.autograde(course, lab, profile=profiles.load(args.profile), seed=_seed(args),
+                                 students=args.student or None, cell_timeout=args.cell_timeout)
+    rows = [r for r in pipeline.report_rows(course) if r["lab"] == lab.name and r["student"] in summary.students]
+    print(format_table(rows))
+    _print_failures(summary.failures)
+    return 0
+
+
+def cmd_feedback(args) -> int:
+    course = _course(args)
+    lab = load_lab(args.lab)
+    failures = pipeline.feedback(course, lab, args.student or None)
+    print(f"feedback for {lab.name} in {course.root / 'feedback'}")
+    _print_failures(failures)
+    return 0
+
+
+def cmd_report(args) -> int:
+    csv_path, record_path = pipeline.write_report(_course(args), Path(args.csv))
+    print(f"wrote {csv_path} and {record_path}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from autograder.submissions import demo_students
+
+    started = time.monotonic()
+    demo = ROOT / "build" / "demo"
+    course = Course(Path(args.course) if args.course else demo / "course")
+    labs = [load_lab(name).name for name in args.labs] if args.labs else list(all_labs())
+    build(course, labs)
+    failures, timings = [], []
+    for lab in labs:
+        students = demo_students(course, lab)
+        spec = load_lab(lab)
+        summary = pipeline.autograde(course, spec, profile=profiles.load(args.profile), seed=_seed(args), students=students)
+        failures += summary.failures
+        timings.append(f"{lab}: " + ", ".join(f"{s} {t:.0f} s" for s, t in summary.seconds.items()))
+        failures += pipeline.feedback(course, spec, students)
+    csv_path, record_path = pipeline.write_report(course, demo / "report.csv")
+    print(format_table(pipeline.report_rows(course)))
+    _print_failures(failures)
+    print(f"\nreport: {csv_path}\nrecords: {record_path}\nfeedback: {course.root / 'feedback'}")
+    print("grading time per submission (nbgrader + engine): " + "; ".join(timings))
+    print(f"demo took {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    p.add_argument("--course", help="course folder (default: build/course, or FASTDL_COURSE_DIR)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("build", help="source notebooks, student release and student package")
+    s.add_argument("labs", nargs="*")
+    s.set_defaults(func=cmd_build)
+
+    grading = argparse.ArgumentParser(add_help=False)
+    grading.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
+    grading.add_argument("--seed", type=int, help="reuse a recorded seed to regrade identically (default: secret, fresh)")
+
+    s = sub.add_parser("autograde", parents=[grading], help="nbgrader autograde, then the trusted engine")
+    s.add_argument("lab")
+    s.add_argument("--student", action="append", help="grade only this student (repeatable)")
+    s.add_argument("--cell-timeout", type=int, help="nbgrader per-cell timeout in seconds")
+    s.set_defaults(func=cmd_autograde)
+
+    s = sub.add_parser("feedback", help="HTML feedback with the trusted verdicts, no hidden tests")
+    s.add_argument("lab")
+    s.add_argument("--student", action="append")
+    s.set_defaults(func=cmd_feedback)
+
+    s = sub.add_parser("report", help="CSV: student, lab, item, score, max_score, status, reason")
+    s.add_argument("--csv", required=True)
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("demo", parents=[grading], help="build, grade the bundled demo submissions, report")
+    s.add_argument("labs", nargs="*")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The nbgrader course under ``build/course``: source notebooks, release, submissions, gradebook.
+
+``labs/*.py`` (jupytext percent, the only committed form of a notebook) become nbgrader source
+notebooks; ``nbgrader generate_assignment`` makes the student release; the package is copied for
+students with its solution regions stubbed (``student_package/``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from autograder.strip import strip_package
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE_ID = "fastdl-lab"
+# Triton kernels are compiled on first call (seconds under the interpreter, longer on a cold
+# GPU cache), and lab cells time things: the per-cell budget is sized for that.
+CELL_TIMEOUT_S = 300
+
+SOLUTION_DEFAULTS = {"grade": False, "locked": False, "schema_version": 3, "solution": True, "task": False}
+TEST_DEFAULTS = {"grade": True, "locked": True, "schema_version": 3, "solution": False, "task": False}
+
+CONFIG = """\
+# Written by `python -m autograder build`; edit autograder/course.py instead.
+from autograder.feedback import TrustedVerdicts
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+c = get_config()
+c.CourseDirectory.course_id = {course_id!r}
+c.CourseDirectory.root = {root!r}
+c.CourseDirectory.db_url = {db_url!r}
+c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
+c.Execute.timeout = {timeout}
+c.Execute.interrupt_on_timeout = True
+c.Execute.allow_errors = True
+# A test cell a student deleted comes back from the source; the trusted engine still costs it.
+c.OverwriteCells.add_missing_cells = True
+c.ClearHiddenTests.enforce_metadata = False
+c.GenerateFeedback.preprocessors = [ClearHiddenTests, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
+c.TrustedVerdicts.records_dir = {records!r}
+"""
+
+
+@dataclass(frozen=True)
+class Course:
+    root: Path
+
+    @classmethod
+    def default(cls) -> "Course":
+        return cls(Path(os.environ.get("FASTDL_COURSE_DIR", ROOT / "build" / "course")))
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.root / 'gradebook.db'}"
+
+    def source(self, lab: str) -> Path:
+        return self.root / "source" / lab / f"{lab}.ipynb"
+
+    def release(self, lab: str) -> Path:
+        return self.root / "release" / lab / f"{lab}.ipynb"
+
+    def submitted(self, student: str, lab: str) -> Path:
+        return self.root / "submitted" / student / lab / f"{lab}.ipynb"
+
+    def autograded(self, student: str, lab: str) -> Path:
+        return self.root / "autograded" / student / lab / f"{lab}.ipynb"
+
+    def feedback_dir(self, student: str, lab: str) -> Path:
+        return self.root / "feedback" / student / lab
+
+    @property
+    def student_package(self) -> Path:
+        return self.root / "student_package"
+
+    @property
+    def records(self) -> Path:
+        return self.root / "records"
+
+    def students(self, lab: str) -> list[str]:
+        base = self.root / "submitted"
+        return sorted(p.name for p in base.iterdir() if (p / lab).is_dir()) if base.exists() else []
+
+    def nbgrader(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+        """Run one nbgrader command in the course folder; the caller decides what failure means."""
+        argv = [sys.executable, "-m", "nbgrader", *args]
+        return subprocess.run(argv, cwd=self.root, capture_output=True, text=True, timeout=timeout)
+
+
+def lab_sources() -> dict[str, Path]:
+    return {p.stem: p for p in sorted((ROOT / "labs").glob("[0-9][0-9]_*.py"))}
+
+
+def to_nbgrader_notebook(path: Path) -> nbformat.NotebookNode:
+    """Read a jupytext lab and complete the short nbgrader metadata written in its cell headers."""
+    nb = jupytext.read(path)
+    ids = set()
+    for cell in nb.cells:
+        cell.metadata.pop("lines_to_next_cell", None)
+        meta = cell.metadata.get("nbgrader")
+        if not meta:
+            continue
+        grade_id = meta.get("grade_id")
+        if not grade_id or grade_id in ids:
+            raise ValueError(f"{path.name}: graded cell without a unique grade_id: {meta}")
+        ids.add(grade_id)
+        defaults = SOLUTION_DEFAULTS if meta.get("solution") else TEST_DEFAULTS
+        cell.metadata["nbgrader"] = {**defaults, **meta}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata.pop("jupytext", None)
+    return nb
+
+
+def write_config(course: Course) -> None:
+    course.root.mkdir(parents=True, exist_ok=True)
+    (course.root / "nbgrader_config.py").write_text(
+        CONFIG.format(
+            course_id=COURSE_ID, root=str(course.root), db_url=course.db_url,
+            timeout=CELL_TIMEOUT_S, records=str(course.records),
+        )
+    )
+
+
+def build(course: Course, labs: list[str] | None = None) -> list[str]:
+    """Make the source notebooks, the student release and the student copy of the package."""
+    write_config(course)
+    sources = lab_sources()
+    built = []
+    for lab, path in sources.items():
+        if labs and lab not in labs:
+            continue
+        target = course.source(lab)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(to_nbgrader_notebook(path), target)
+        done = course.nbgrader("generate_assignment", lab, "--force", "--CourseDirectory.create_assignment=True")
+        if done.returncode != 0:
+            raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{done.stdout}\n{done.stderr}")
+        built.append(lab)
+    strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
+    return built

@@ -1,0 +1,98 @@
+"""What a graded item is, and how a lab's items are found.
+
+A lab's items live in ``autograder/labs/lab<NN>_<topic>.py`` as a ``LAB = LabSpec(...)``. Each item
+names the student's solution cells it needs and three functions with a strict split of trust:
+
+- ``make_inputs(seed, params)`` runs in the trusted parent and draws hidden inputs;
+- ``drive(ns, inputs)`` runs in the sandboxed child, where ``ns`` holds what the student's cells
+  defined; it calls the student's code and returns plain tensors / numbers;
+- ``check(inputs, outputs, params)`` runs in the parent, computes the reference itself and returns
+  a ``Verdict``. It must treat ``outputs`` as hostile: anything can come back.
+
+Speed items add ``timed(ns, inputs)`` (candidate, in the student's child) and ``baseline(inputs)``
+(in a second child that runs no student code); the parent times both from outside.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Verdict:
+    fraction: float  # 0..1 of the item's points
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def passed(cls, reason: str = "correct", **details: Any) -> "Verdict":
+        return cls(1.0, reason, details)
+
+    @classmethod
+    def failed(cls, reason: str, **details: Any) -> "Verdict":
+        return cls(0.0, reason, details)
+
+
+@dataclass
+class Item:
+    name: str  # equals the grade_id of the item's test cell in the notebook
+    points: float
+    cells: tuple[str, ...]  # grade_ids of the solution cells the item executes
+    make_inputs: Callable[[int, dict], dict]
+    drive: Callable[[dict, dict], Any] | None = None
+    check: Callable[[dict, Any, dict], Verdict] | None = None
+    kind: str = "correctness"  # correctness | mechanism | speed
+    timed: Callable[[dict, dict], Callable[[], Any]] | None = None
+    baseline: Callable[[dict], Callable[[], Any]] | None = None
+    description: str = ""
+
+    @property
+    def is_speed(self) -> bool:
+        return self.kind == "speed"
+
+
+@dataclass
+class LabSpec:
+    name: str  # e.g. "01_gemm": the nbgrader assignment and notebook name
+    items: list[Item]
+    preamble: str = ""  # trusted imports executed in the child before the student's cells
+
+    def item(self, name: str) -> Item:
+        for it in self.items:
+            if it.name == name:
+                return it
+        raise KeyError(f"lab {self.name} has no item {name!r}")
+
+    @property
+    def max_points(self) -> float:
+        return sum(it.points for it in self.items)
+
+
+def _module_name(lab: str) -> str:
+    return "lab" + lab
+
+
+def all_labs() -> dict[str, LabSpec]:
+    import autograder.labs as pkg
+
+    labs = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("lab"):
+            spec = importlib.import_module(f"autograder.labs.{info.name}").LAB
+            labs[spec.name] = spec
+    return dict(sorted(labs.items()))
+
+
+def load_lab(name: str) -> LabSpec:
+    """Find a lab by full name ("01_gemm"), number ("01", "1") or topic ("gemm")."""
+    labs = all_labs()
+    if name in labs:
+        return labs[name]
+    for full, spec in labs.items():
+        number, _, topic = full.partition("_")
+        if name in (number, topic) or (name.isdigit() and int(name) == int(number)):
+            return spec
+    raise SystemExit(f"unknown lab {name!r}; known labs: {', '.join(labs)}")

@@ -1,0 +1,184 @@
+"""Run untrusted code in a child process with limits, and say in one word how it ended.
+
+The child gets its own session (so the whole process group can be killed), CPU-time and address
+space rlimits, a private network namespace where the OS allows it, and a capped output pipe. A
+watchdog in the parent enforces what rlimits cannot: wall time, resident memory of the whole
+group, the number of processes, and the output cap. Nothing here imports the child's code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+CLONE_NEWNET = 0x40000000
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Limits:
+    wall_s: float = 120.0
+    cpu_s: float = 240.0
+    memory_bytes: int = 6 << 30
+    # Address-space limits break CUDA (it reserves terabytes of virtual memory); GPU profiles
+    # turn this off and rely on the resident-memory watchdog alone.
+    limit_address_space: bool = True
+    max_processes: int = 16
+    output_bytes: int = 256 << 10
+    isolate_network: bool = True
+
+
+@dataclass
+class ChildResult:
+    """How a sandboxed child ended. ``status`` is one word; ``reason`` is for people."""
+
+    status: str  # ok | error | timeout | cpu_time | memory | processes | output | crashed
+    reason: str
+    returncode: int | None
+    wall_s: float
+    output_tail: str = ""
+    network_isolated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _unshare_network() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.unshare(CLONE_NEWNET) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 6 (session id) follows the parenthesised command name, which may hold spaces.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+def _resident_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _kill_session(sid: int) -> None:
+    for pid in _session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def run_sandboxed(
+    argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> ChildResult:
+    """Run ``argv`` under ``limits``; never raises for anything the child does."""
+    marker = os.path.join(cwd, ".network")
+
+    def preexec() -> None:
+        os.setsid()
+        cpu = max(1, int(limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        if limits.limit_address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if limits.isolate_network and _unshare_network():
+            with open(marker, "w") as f:
+                f.write("isolated")
+
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=preexec,
+        pass_fds=pass_fds,
+    )
+    sid = proc.pid
+    verdict: list[tuple[str, str]] = []
+    tail = bytearray()
+    seen = 0
+
+    def read_output() -> None:
+        nonlocal seen
+        while chunk := proc.stdout.read1(65536):
+            seen += len(chunk)
+            tail.extend(chunk)
+            del tail[: max(0, len(tail) - 8192)]
+            if seen > limits.output_bytes and not verdict:
+                verdict.append(("output", f"output limit exceeded: more than {limits.output_bytes} bytes printed"))
+                _kill_session(sid)
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        elapsed = time.monotonic() - start
+        if elapsed > limits.wall_s and not verdict:
+            verdict.append(("timeout", f"wall-time limit of {limits.wall_s:.0f} s exceeded (a loop that never ends?)"))
+        pids = _session_pids(sid)
+        if len(pids) > limits.max_processes and not verdict:
+            verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
+        resident = _resident_bytes(pids)
+        if resident > limits.memory_bytes and not verdict:
+            verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
+        if verdict:
+            _kill_session(sid)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    # Whatever the child left running in its session goes too.
+    _kill_session(sid)
+    reader.join(timeout=5)
+    wall = time.monotonic() - start
+    output = tail.decode("utf-8", "replace")
+    isolated = os.path.exists(marker)
+    rc = proc.returncode
+    if verdict:
+        status, reason = verdict[0]
+    elif rc == 0:
+        status, reason = "ok", ""
+    elif rc is not None and rc < 0:
+        sig = -rc
+        if sig == signal.SIGXCPU:
+            status, reason = "cpu_time", f"CPU-time limit of {limits.cpu_s:.0f} s exceeded"
+        else:
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            status, reason = "crashed", f"process crashed with {name} (e.g. an abort or an out-of-bounds access)"
+    elif "MemoryError" in output[-2000:]:
+        status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
+    else:
+        status, reason = "error", f"exited with code {rc}"
+    return ChildResult(status, reason, rc, wall, output, isolated)

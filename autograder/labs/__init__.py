@@ -1,0 +1,1 @@
+"""Graded-item specifications, one module per lab (lab<NN>_<topic>.py)."""

@@ -1,0 +1,126 @@
+"""The instructor's commands: autograde a lab for every student, make feedback, export a report.
+
+For each student, nbgrader autogrades the notebook (its record of the student's own test run,
+for formgrader), then the trusted engine grades every item from the submitted file and its score
+is written over nbgrader's. A failure for one student is recorded and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autograder import gradebook, records
+from autograder.course import Course
+from autograder.engine.grade import grade_submission
+from autograder.engine.items import LabSpec
+
+REPORT_COLUMNS = ("student", "lab", "item", "score", "max_score", "status", "reason")
+
+
+@dataclass
+class LabSummary:
+    lab: str
+    students: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # "student: what went wrong" (not the grade)
+    seconds: dict[str, float] = field(default_factory=dict)  # per student: nbgrader plus engine
+
+
+def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: int | None) -> dict:
+    args = ["autograde", lab, "--student", student, "--force"]
+    if cell_timeout:
+        args.append(f"--Execute.timeout={cell_timeout}")
+    try:
+        done = course.nbgrader(*args)
+    except Exception as exc:  # noqa: BLE001 - e.g. the overall timeout; recorded, batch goes on
+        return {"returncode": None, "message": f"nbgrader autograde did not finish: {exc}"}
+    message = ""
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "Error" in ln]
+        message = "nbgrader could not execute the notebook: " + (" | ".join(lines[-3:]) or f"exit code {done.returncode}")
+    return {"returncode": done.returncode, "message": message[:2000]}
+
+
+def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,
+              students: list[str] | None = None, cell_timeout: int | None = None) -> LabSummary:
+    summary = LabSummary(lab.name)
+    for student in students or course.students(lab.name):
+        summary.students.append(student)
+        started = time.monotonic()
+        nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout)
+        nb_run["seconds"] = round(time.monotonic() - started, 2)
+        if nb_run["message"]:
+            summary.failures.append(f"{student}: {nb_run['message']}")
+        results = grade_submission(
+            lab, course.submitted(student, lab.name), release=course.release(lab.name), profile=profile, seed=seed,
+            student_package=course.student_package,
+        )
+        items = [r.as_dict() for r in results]
+        summary.seconds[student] = round(time.monotonic() - started, 1)
+        records.write(course.records, lab.name, student, profile=profile["name"], seed=seed, items=items, nbgrader=nb_run)
+        try:
+            gradebook.write_scores(course.db_url, lab, student, items)
+        except Exception as exc:  # noqa: BLE001 - the record and report still hold the verdicts
+            summary.failures.append(f"{student}: gradebook not updated: {exc}")
+    return summary
+
+
+def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) -> list[str]:
+    """HTML feedback per student; returns the failures."""
+    failures = []
+    for student in students or course.students(lab.name):
+        if not course.autograded(student, lab.name).exists():
+            # nbgrader could not execute this notebook; feedback starts from the submission.
+            target = course.autograded(student, lab.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                json.loads(course.submitted(student, lab.name).read_text())
+                shutil.copy(course.submitted(student, lab.name), target)
+            except (OSError, ValueError):
+                failures.append(f"{student}: no feedback: the submission is not a readable notebook")
+                continue
+        done = course.nbgrader("generate_feedback", lab.name, "--student", student, "--force")
+        if done.returncode != 0:
+            failures.append(f"{student}: nbgrader generate_feedback failed: {done.stderr[-500:]}")
+    return failures
+
+
+def report_rows(course: Course) -> list[dict]:
+    rows = []
+    for record in records.read_all(course.records):
+        for item in record["items"]:
+            rows.append({
+                "student": record["student"], "lab": record["lab"], "item": item["item"],
+                "score": item["score"], "max_score": item["max_score"],
+                "status": item["status"], "reason": item["reason"],
+            })
+    return rows
+
+
+def write_report(course: Course, csv_path: Path) -> tuple[Path, Path]:
+    """The CSV (one row per student, lab and item) and, beside it, the full grading records."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=REPORT_COLUMNS)
+        writer.writeheader()
+        writer.writerows(report_rows(course))
+    record_path = csv_path.with_suffix(".records.json")
+    record_path.write_text(json.dumps(records.read_all(course.records), indent=2))
+    return csv_path, record_path
+
+
+def totals(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """Per student and lab: counted score and max, and the points left out for needing a GPU."""
+    out: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        entry = out.setdefault((row["student"], row["lab"]), {"score": 0.0, "max": 0.0, "left_out": 0.0})
+        if row["status"] == "needs_gpu":
+            entry["left_out"] += float(row["max_score"])
+        else:
+            entry["score"] += float(row["score"])
+            entry["max"] += float(row["max_score"])
+    return out

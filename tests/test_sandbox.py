@@ -1,0 +1,54 @@
+"""Every way a child can misbehave ends in one named status, and nothing is left running."""
+
+import os
+import sys
+
+import pytest
+
+from autograder.engine.sandbox import Limits, run_sandboxed
+
+LIMITS = Limits(wall_s=4, cpu_s=8, memory_bytes=1 << 30, max_processes=8, output_bytes=10_000)
+
+CASES = {
+    "ok": ("print('hello')", "ok"),
+    "abort": ("import os; os.abort()", "crashed"),
+    "segfault": ("import ctypes; ctypes.string_at(0)", "crashed"),
+    "loop": ("while True: pass", "timeout"),
+    "flood": ("while True: print('x' * 100)", "output"),
+    "fork": ("import os, time\nfor _ in range(20):\n    if os.fork() == 0:\n        time.sleep(60)\ntime.sleep(60)", "processes"),
+    "memory": ("x = bytearray(2 << 30)", "memory"),
+    "exit_code": ("raise SystemExit(4)", "error"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_named_status(name, tmp_path):
+    code, status = CASES[name]
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.status == status, (result.status, result.reason, result.output_tail[-500:])
+    assert (result.reason == "") == (status == "ok")
+
+
+def test_nothing_left_running(tmp_path):
+    marker = "fastdl-sandbox-orphan-check"
+    code = f"import os, time\nif os.fork() == 0:\n    os.execvp('sleep', ['sleep', '60', '{marker}'])\ntime.sleep(60)"
+    result = run_sandboxed([sys.executable, "-c", code], limits=Limits(wall_s=2), cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.status == "timeout"
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    alive.append(pid)
+        except OSError:
+            pass
+    assert alive == []
+
+
+def test_network_is_isolated_where_allowed(tmp_path):
+    code = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)"
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    if not result.network_isolated:
+        pytest.skip("this OS does not let the grader unshare the network namespace")
+    assert result.status == "error"
+    assert "unreachable" in result.output_tail or "refused" in result.output_tail
