@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
 from nbformat.v4 import new_output
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 
 def verdict_text(result: dict) -> str:
@@ -24,6 +24,8 @@ def verdict_text(result: dict) -> str:
 
 
 class TrustedVerdicts(Preprocessor):
+    # nbconvert preprocessors are off unless enabled; this one must always run.
+    enabled = Bool(True).tag(config=True)
     records_dir = Unicode("", help="folder of the grading records written by `autograder autograde`").tag(config=True)
 
     def preprocess(self, nb, resources):

@@ -1,0 +1,234 @@
+"""The course through the real nbgrader pipeline: build, release, autograde, feedback, report.
+
+One course is built per test session; each test adds its own students. Bad inputs are graded
+by the engine directly (fast) and, for the ones that break nbgrader itself, through the pipeline.
+"""
+
+import csv
+import json
+import re
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from autograder import pipeline, profiles, strip
+from autograder.course import Course, build, lab_sources
+from autograder.engine.grade import grade_submission
+from autograder.engine.items import all_labs, load_lab
+from autograder.submissions import FIXTURE_DIR, demo_students, make_submission, reference_solutions, variant
+
+pytestmark = pytest.mark.slow
+SEED = 1234
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory):
+    course = Course(tmp_path_factory.mktemp("course"))
+    build(course)
+    return course
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    return profiles.load("cpu")
+
+
+@pytest.fixture(scope="session")
+def demo(course, cpu):
+    """The demo students of every lab, through nbgrader and the engine."""
+    summaries = {}
+    for lab in all_labs().values():
+        students = demo_students(course, lab.name)
+        summaries[lab.name] = pipeline.autograde(course, lab, profile=cpu, seed=SEED, students=students)
+    return summaries
+
+
+def rows_for(course, student, lab):
+    return {r["item"]: r for r in pipeline.report_rows(course) if r["student"] == student and r["lab"] == lab}
+
+
+def engine(course, cpu, lab, student, **overrides):
+    profile = {**cpu, **overrides}
+    return {r.item: r for r in grade_submission(
+        load_lab(lab), course.submitted(student, lab), release=course.release(lab), profile=profile,
+        seed=SEED, student_package=course.student_package)}
+
+
+def test_every_lab_has_a_grading_spec_and_matching_cells(course):
+    assert set(lab_sources()) == set(all_labs())
+    for lab in all_labs().values():
+        nb = nbformat.read(course.source(lab.name), as_version=4)
+        ids = {c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata}
+        for item in lab.items:
+            assert item.name in ids, f"{lab.name}: no test cell for item {item.name}"
+            assert set(item.cells) <= ids, f"{lab.name}: solution cells of {item.name} missing"
+
+
+def test_release_leaks_no_solution_and_no_hidden_test(course):
+    for lab in all_labs():
+        source = nbformat.read(course.source(lab), as_version=4)
+        release_text = course.release(lab).read_text()
+        secret_lines = set()
+        for cell in source.cells:
+            text = cell.source
+            for region in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", text, re.S):
+                secret_lines |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) > 12}
+            for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", text, re.S):
+                secret_lines |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) > 12}
+        assert secret_lines, f"{lab}: the source has no solution regions to hide"
+        released = nbformat.reads(release_text, as_version=4)
+        visible = {ln.strip() for c in released.cells for ln in c.source.splitlines()}
+        assert "BEGIN SOLUTION" not in release_text and "HIDDEN TESTS" not in release_text
+        assert not secret_lines & visible, f"{lab}: release shows {sorted(secret_lines & visible)[:3]}"
+    package_text = "".join(p.read_text() for p in (course.student_package / "fastdl_lab").rglob("*.py"))
+    assert strip.BEGIN not in package_text and strip.STUB in package_text
+    assert "tl.dot(a, b, acc)" not in package_text  # the reference GEMM's inner loop
+
+
+def test_reference_scores_full_marks_through_nbgrader(course, demo):
+    for lab in all_labs().values():
+        assert not [f for f in demo[lab.name].failures if f.startswith("reference")]
+        rows = rows_for(course, "reference", lab.name)
+        for item in lab.items:
+            row = rows[item.name]
+            if item.is_speed:
+                assert row["status"] == "needs_gpu" and row["score"] == 0
+            else:
+                assert row["status"] == "passed", row
+                assert row["score"] == item.points
+        counted = sum(it.points for it in lab.items if not it.is_speed)
+        with Gradebook(course.db_url) as gb:
+            assert gb.find_submission(lab.name, "reference").score == pytest.approx(counted)
+
+
+def test_untouched_release_scores_zero_without_crashing(course, demo):
+    for lab in all_labs().values():
+        rows = rows_for(course, "untouched", lab.name)
+        assert all(r["score"] == 0 for r in rows.values())
+        assert {r["status"] for r in rows.values()} <= {"unanswered", "needs_gpu"}
+        assert not [f for f in demo[lab.name].failures if f.startswith("untouched")]
+
+
+def test_buggy_demos_lose_points_with_reasons(course, demo):
+    for lab in all_labs().values():
+        buggy = [s for s in course.students(lab.name) if s.startswith("buggy-")]
+        assert buggy, f"{lab.name} has no buggy demo submission"
+        for student in buggy:
+            rows = rows_for(course, student, lab.name)
+            lost = [r for r in rows.values() if r["status"] not in ("passed", "needs_gpu")]
+            assert lost, f"{student} lost nothing"
+            assert any(r["status"] == "passed" for r in rows.values()), f"{student} gained nothing"
+            assert all(r["reason"] for r in lost)
+
+
+def test_feedback_shows_verdicts_and_no_hidden_tests(course, demo):
+    lab = load_lab("01_gemm")
+    assert pipeline.feedback(course, lab, ["reference", "buggy-k-remainder"]) == []
+    source = nbformat.read(course.source(lab.name), as_version=4)
+    hidden = set()
+    for cell in source.cells:
+        for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", cell.source, re.S):
+            hidden |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) > 12}
+    for student in ("reference", "buggy-k-remainder"):
+        html = (course.feedback_dir(student, lab.name) / f"{lab.name}.html").read_text()
+        assert "Autograder verdict for &#39;matmul_fp32&#39;" in html or "Autograder verdict for 'matmul_fp32'" in html
+        for line in hidden:
+            assert line not in html, f"feedback of {student} shows a hidden test line: {line}"
+    assert "hidden shapes correct" in (course.feedback_dir("buggy-k-remainder", lab.name) / f"{lab.name}.html").read_text()
+
+
+def test_report_csv_and_records(course, demo, tmp_path):
+    csv_path, record_path = pipeline.write_report(course, tmp_path / "report.csv")
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == pipeline.REPORT_COLUMNS
+    assert {r["student"] for r in rows} >= {"reference", "untouched"}
+    records = json.loads(record_path.read_text())
+    assert all({"seed", "hardware", "versions", "profile"} <= set(r) for r in records)
+    assert records[0]["seed"] == SEED
+
+
+@pytest.mark.parametrize("fixture, status", [
+    ("01_gemm-abort", "crashed"),
+    ("01_gemm-oob-store", "crashed"),
+    ("01_gemm-flood", "output"),
+    ("01_gemm-library", "error"),
+])
+def test_bad_kernel_loses_only_its_items(course, cpu, fixture, status):
+    variant(course, "01_gemm", fixture, FIXTURE_DIR / f"{fixture}.py")
+    results = engine(course, cpu, "01_gemm", fixture)
+    for item in ("matmul_fp32", "matmul_fp16"):
+        assert results[item].status == status and results[item].score == 0, results[item]
+        assert results[item].reason
+    assert results["grouped_order"].status == "passed"
+
+
+def test_looping_kernel_times_out(course, cpu):
+    variant(course, "01_gemm", "loop", FIXTURE_DIR / "01_gemm-loop.py")
+    results = engine(course, cpu, "01_gemm", "loop", limits={**cpu["limits"], "wall_s": 8})
+    assert results["matmul_fp32"].status == "timeout"
+    assert "wall-time limit" in results["matmul_fp32"].reason
+    assert results["grouped_order"].status == "passed"
+
+
+def _edit(course, student, lab, change):
+    path = make_submission(course, lab, student, reference_solutions(course, lab))
+    nb = json.loads(path.read_text())
+    change(nb)
+    path.write_text(json.dumps(nb))
+
+
+def test_deleted_and_edited_test_cells_are_named(course, cpu):
+    def delete(nb):
+        nb["cells"] = [c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") != "matmul_fp16"]
+
+    def edit(nb):
+        for c in nb["cells"]:
+            if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "matmul_fp32":
+                c["source"] = "pass\n"
+
+    _edit(course, "deleted", "01_gemm", delete)
+    _edit(course, "edited", "01_gemm", edit)
+    deleted = engine(course, cpu, "01_gemm", "deleted")
+    edited = engine(course, cpu, "01_gemm", "edited")
+    assert deleted["matmul_fp16"].status == "tampered" and "deleted" in deleted["matmul_fp16"].reason
+    assert deleted["matmul_fp32"].status == "passed"
+    assert edited["matmul_fp32"].status == "tampered" and "edited" in edited["matmul_fp32"].reason
+    assert edited["matmul_fp16"].status == "passed"
+
+
+def test_crash_and_invalid_json_through_the_whole_pipeline(course, cpu):
+    lab = load_lab("01_gemm")
+    variant(course, lab.name, "aborts", FIXTURE_DIR / "01_gemm-abort.py")
+    broken = course.submitted("not-json", lab.name)
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_text('{"cells": [')
+    summary = pipeline.autograde(course, lab, profile=cpu, seed=SEED, students=["aborts", "not-json"], cell_timeout=60)
+    assert summary.students == ["aborts", "not-json"]
+    aborts, not_json = rows_for(course, "aborts", lab.name), rows_for(course, "not-json", lab.name)
+    assert aborts["matmul_fp32"]["status"] == "crashed" and aborts["grouped_order"]["status"] == "passed"
+    assert {r["status"] for r in not_json.values()} == {"invalid_notebook"}
+    assert "not valid JSON" in not_json["matmul_fp32"]["reason"]
+    with Gradebook(course.db_url) as gb:
+        assert gb.find_submission(lab.name, "aborts").score == pytest.approx(lab.item("grouped_order").points)
+        assert gb.find_submission(lab.name, "not-json").score == 0
+    assert pipeline.feedback(course, lab, ["aborts"]) == []
+
+
+def test_regrade_with_the_same_seed_gives_the_same_score(course, cpu, demo):
+    first = engine(course, cpu, "01_gemm", "buggy-k-remainder")
+    again = engine(course, cpu, "01_gemm", "buggy-k-remainder")
+    assert {k: (r.score, r.reason) for k, r in first.items()} == {k: (r.score, r.reason) for k, r in again.items()}
+
+
+def test_speed_item_is_timed_from_outside(course, cpu, demo):
+    """The GPU speed protocol, exercised on the CPU: two serving children, A/B interleaved."""
+    params = {"size": 64, "min_speedup": 0.0, "warmup": 1, "reps": 3}
+    labs = json.loads(json.dumps(cpu["labs"]))
+    labs["01_gemm"]["matmul_speed"] = params
+    profile = {**cpu, "speed_on_cpu": True, "labs": labs}
+    result = engine(course, profile, "01_gemm", "reference")["matmul_speed"]
+    assert result.status == "passed", result
+    assert len(result.details["candidate_s"]) == 3 and len(result.details["baseline_s"]) == 3
+    assert result.details["speedup"] > 0
