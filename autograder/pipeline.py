@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from autograder import gradebook, records
 from autograder.course import Course
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import LabSpec
+from autograder.engine.sandbox import Limits, run_sandboxed
 
 REPORT_COLUMNS = ("student", "lab", "item", "score", "max_score", "status", "reason")
 
@@ -30,17 +33,23 @@ class LabSummary:
     seconds: dict[str, float] = field(default_factory=dict)  # per student: nbgrader plus engine
 
 
+# nbgrader executes the student's notebook in a kernel of its own: it runs inside the same kind
+# of sandbox as the engine's children, so a fork bomb, a memory hog or a process left behind in
+# the notebook cannot outlive the run or reach the network (loopback stays up for the kernel).
+NBGRADER_LIMITS = Limits(wall_s=1800, cpu_s=3600, memory_bytes=12 << 30, limit_address_space=False,
+                         max_processes=48, output_bytes=4 << 20, loopback=True)
+
+
 def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: int | None) -> dict:
-    args = ["autograde", lab, "--student", student, "--force"]
+    argv = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force"]
     if cell_timeout:
-        args.append(f"--Execute.timeout={cell_timeout}")
-    try:
-        done = course.nbgrader(*args)
-    except Exception as exc:  # noqa: BLE001 - e.g. the overall timeout; recorded, batch goes on
-        return {"returncode": None, "message": f"nbgrader autograde did not finish: {exc}"}
+        argv.append(f"--Execute.timeout={cell_timeout}")
+    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(course.root), env=dict(os.environ))
     message = ""
-    if done.returncode != 0:
-        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "Error" in ln]
+    if done.status not in ("ok", "error"):
+        message = f"nbgrader autograde was stopped: {done.reason}"
+    elif done.returncode != 0:
+        lines = [ln for ln in done.output_tail.splitlines() if "ERROR" in ln or "Error" in ln]
         message = "nbgrader could not execute the notebook: " + (" | ".join(lines[-3:]) or f"exit code {done.returncode}")
     return {"returncode": done.returncode, "message": message[:2000]}
 

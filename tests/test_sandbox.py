@@ -29,11 +29,7 @@ def test_named_status(name, tmp_path):
     assert (result.reason == "") == (status == "ok")
 
 
-def test_nothing_left_running(tmp_path):
-    marker = "fastdl-sandbox-orphan-check"
-    code = f"import os, time\nif os.fork() == 0:\n    os.execvp('sleep', ['sleep', '60', '{marker}'])\ntime.sleep(60)"
-    result = run_sandboxed([sys.executable, "-c", code], limits=Limits(wall_s=2), cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
-    assert result.status == "timeout"
+def _running(marker):
     alive = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -42,7 +38,28 @@ def test_nothing_left_running(tmp_path):
                     alive.append(pid)
         except OSError:
             pass
-    assert alive == []
+    return alive
+
+
+def test_nothing_left_running(tmp_path):
+    marker = "fastdl-sandbox-orphan-check"
+    code = f"import os, time\nif os.fork() == 0:\n    os.execvp('sleep', ['sleep', '60', '{marker}'])\ntime.sleep(60)"
+    result = run_sandboxed([sys.executable, "-c", code], limits=Limits(wall_s=2), cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.status == "timeout"
+    assert _running(marker) == []
+
+
+def test_a_process_that_leaves_the_session_is_killed_too(tmp_path):
+    marker = "fastdl-sandbox-escape-check"
+    code = (
+        "import os, subprocess\n"
+        f"subprocess.Popen(['sleep', '60', '{marker}'], start_new_session=True)\n"
+    )
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    if not result.jailed:
+        pytest.skip("no writable pids cgroup: only the session is cleaned up on this OS")
+    assert result.status == "ok"
+    assert _running(marker) == []
 
 
 def test_network_is_isolated_where_allowed(tmp_path):
@@ -52,3 +69,19 @@ def test_network_is_isolated_where_allowed(tmp_path):
         pytest.skip("this OS does not let the grader unshare the network namespace")
     assert result.status == "error"
     assert "unreachable" in result.output_tail or "refused" in result.output_tail
+
+
+def test_loopback_only_when_asked(tmp_path):
+    code = (
+        "import socket\n"
+        "server = socket.create_server(('127.0.0.1', 0))\n"
+        "client = socket.create_connection(server.getsockname(), timeout=2)\n"
+        "print('connected')\n"
+    )
+    env = {"PATH": os.environ["PATH"]}
+    closed = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env=env)
+    if not closed.network_isolated:
+        pytest.skip("this OS does not let the grader unshare the network namespace")
+    assert closed.status == "error"
+    opened = run_sandboxed([sys.executable, "-c", code], limits=Limits(wall_s=10, loopback=True), cwd=str(tmp_path), env=env)
+    assert opened.status == "ok" and "connected" in opened.output_tail

@@ -9,15 +9,21 @@ group, the number of processes, and the output cap. Nothing here imports the chi
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import resource
 import signal
+import socket
+import struct
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from autograder.engine.jail import Jail
 
 CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -32,6 +38,9 @@ class Limits:
     max_processes: int = 16
     output_bytes: int = 256 << 10
     isolate_network: bool = True
+    # A private network namespace starts with loopback down. Jupyter kernels and gloo ranks
+    # talk over 127.0.0.1, so children that need that get loopback (and nothing else).
+    loopback: bool = False
 
 
 @dataclass
@@ -44,7 +53,7 @@ class ChildResult:
     wall_s: float
     output_tail: str = ""
     network_isolated: bool = False
-    notes: list[str] = field(default_factory=list)
+    jailed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -57,6 +66,13 @@ def _unshare_network() -> bool:
         return libc.unshare(CLONE_NEWNET) == 0
     except (OSError, AttributeError):
         return False
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, request)[:18])[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -104,15 +120,20 @@ def run_sandboxed(
 ) -> ChildResult:
     """Run ``argv`` under ``limits``; never raises for anything the child does."""
     marker = os.path.join(cwd, ".network")
+    jail = Jail.create()
 
     def preexec() -> None:
         os.setsid()
+        if jail is not None:
+            jail.enter()
         cpu = max(1, int(limits.cpu_s))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         if limits.limit_address_space:
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if limits.isolate_network and _unshare_network():
+            if limits.loopback:
+                _loopback_up()
             with open(marker, "w") as f:
                 f.write("isolated")
 
@@ -148,7 +169,7 @@ def run_sandboxed(
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_s and not verdict:
             verdict.append(("timeout", f"wall-time limit of {limits.wall_s:.0f} s exceeded (a loop that never ends?)"))
-        pids = _session_pids(sid)
+        pids = sorted(set(_session_pids(sid)) | set(jail.pids() if jail else ()))
         if len(pids) > limits.max_processes and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
         resident = _resident_bytes(pids)
@@ -159,8 +180,10 @@ def run_sandboxed(
             break
         time.sleep(0.05)
     proc.wait()
-    # Whatever the child left running in its session goes too.
+    # Whatever the child left running goes too: its session, and anything that left the session.
     _kill_session(sid)
+    if jail is not None:
+        jail.kill_all()
     reader.join(timeout=5)
     wall = time.monotonic() - start
     output = tail.decode("utf-8", "replace")
@@ -181,4 +204,4 @@ def run_sandboxed(
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated)
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None)
