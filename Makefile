@@ -40,9 +40,14 @@ test: $(STAMP)
 build: $(STAMP)
 	$(BIN)/python -m autograder build
 
-# JupyterLab opens labs/*.py as notebooks through jupytext (MPLBACKEND is left to the kernel).
+# JupyterLab opens labs/*.py as notebooks through jupytext (MPLBACKEND is left to the kernel):
+# a double click on a .py file opens the Jupytext Notebook viewer.
+LAB_SETTINGS := $(CACHE)/jupyter/lab-settings
 lab: $(STAMP)
-	cd labs && env -u MPLBACKEND ../$(BIN)/jupyter lab --allow-root \
+	mkdir -p $(LAB_SETTINGS)/@jupyterlab/docmanager-extension
+	echo '{"defaultViewers": {"python": "Jupytext Notebook"}}' \
+	  > $(LAB_SETTINGS)/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
+	cd labs && env -u MPLBACKEND JUPYTERLAB_SETTINGS_DIR=$(LAB_SETTINGS) ../$(BIN)/jupyter lab --allow-root \
 	  --ServerApp.contents_manager_class=jupytext.TextFileContentsManager \
 	  --ContentsManager.default_jupytext_formats="py:percent"
 
