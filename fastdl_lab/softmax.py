@@ -1,0 +1,256 @@
+"""Row softmax: five eager passes over memory, or one fused Triton kernel (lab 02 fusion).
+
+Softmax is the textbook bandwidth-bound operation: a handful of FLOPs per element, so its speed
+is set by how many times the data crosses the memory bus.
+
+- ``softmax_ref``: ``torch.softmax`` computed in fp32 and rounded back, the reference;
+- ``softmax_eager_steps``: max, subtract, exp, sum, divide as five separate PyTorch ops, each
+  writing its result to memory and the next one reading it back;
+- ``softmax_bytes_ref``: the element traffic of both versions, the lab's counting contract;
+- ``softmax`` with ``_softmax_kernel``: one Triton program per row, any row length. Rows longer
+  than the block are handled with the *online* softmax (a running maximum, and a running sum
+  rescaled whenever the maximum grows), then a second sweep writes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fastdl_lab import checks
+from fastdl_lab import device  # before triton: switches the interpreter on when there is no GPU
+
+import triton
+import triton.language as tl
+
+
+def softmax_ref(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, computed in fp32, returned in ``x``'s dtype."""
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
+
+
+def softmax_eager_steps(x: torch.Tensor) -> torch.Tensor:
+    """The unfused softmax: five PyTorch ops, five round trips through memory."""
+    row_max = x.amax(dim=-1, keepdim=True)
+    shifted = x - row_max
+    numerators = torch.exp(shifted)
+    denominators = numerators.sum(dim=-1, keepdim=True)
+    return numerators / denominators
+
+
+def softmax_bytes_ref(n_rows: int, n_cols: int, bytes_per_elem: int) -> tuple[int, int]:
+    """(naive, fused) bytes moved by a softmax of an ``n_rows x n_cols`` matrix.
+
+    Naive: each of the five eager ops reads its inputs from memory and writes its output back.
+    With M rows and N columns: max reads MN, writes M; subtract reads MN + M, writes MN; exp
+    reads MN, writes MN; sum reads MN, writes M; divide reads MN + M, writes MN. In all
+    8MN + 4M elements. Fused: the matrix is read once and the result written once, 2MN.
+    """
+    ### BEGIN SOLUTION
+    m, n = n_rows, n_cols
+    naive = (m * n + m) + (m * n + m + m * n) + 2 * m * n + (m * n + m) + (m * n + m + m * n)
+    return naive * bytes_per_elem, 2 * m * n * bytes_per_elem
+    ### END SOLUTION
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr):
+    """One program per row: an online sweep for the max and the sum, then a sweep that writes."""
+    ### BEGIN SOLUTION
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_xm
+    y_row = y_ptr + row * stride_ym
+    offs = tl.arange(0, BLOCK_N)
+
+    # run_sum is the sum of exp(x - run_max) over the columns seen so far. When a block raises
+    # the maximum, the old sum is rescaled by exp(old max - new max): one read of the row gives
+    # both statistics, however many blocks it spans.
+    run_max = tl.full((), float("-inf"), tl.float32)
+    run_sum = tl.zeros((), tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + offs
+        # Padding loads as -inf, which exp turns into 0: it neither wins the max nor adds.
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        new_max = tl.maximum(run_max, tl.max(x, axis=0))
+        # While every value so far is -inf, shifting by the max would give -inf - -inf = NaN;
+        # shifting by 0 gives the same zeros without it.
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        run_max = new_max
+
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + offs
+        in_row = cols < n_cols
+        x = tl.load(x_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        y = tl.exp(x - run_max) / run_sum
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=in_row)
+    ### END SOLUTION
+
+
+SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_cols": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# The largest block a row gets by default. Past it a row spans several blocks (the online path).
+# On the CPU the interpreter's cost is per block operation, so big blocks are cheap; on a GPU a
+# block of 4096 fp32 values is 32 registers per thread at 4 warps, about what fits without spills.
+MAX_BLOCK = {"cpu": 1024, "gpu": 4096}
+
+
+def default_block(n_cols: int, on_gpu: bool) -> int:
+    """Next power of two at least ``n_cols`` (and 16), capped at ``MAX_BLOCK``."""
+    return min(max(16, triton.next_power_of_2(max(n_cols, 1))), MAX_BLOCK["gpu" if on_gpu else "cpu"])
+
+
+def num_warps_for(block_n: int) -> int:
+    # More warps for longer blocks keeps each thread's share of the row small.
+    return 4 if block_n <= 1024 else 8 if block_n <= 4096 else 16
+
+
+def _check_input(x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows x columns), got shape {tuple(x.shape)}")
+    if x.dtype not in _TRITON_TYPES:
+        raise ValueError(f"dtype {x.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"x needs a contiguous last dimension (strides {x.stride()}); call .contiguous()")
+    if device.interpreting():
+        if x.dtype == torch.bfloat16:
+            raise ValueError("bfloat16 is not checked under the Triton interpreter (NumPy has no bfloat16); "
+                             "use float16 or float32 on the CPU, bfloat16 on a GPU")
+        if x.is_cuda:
+            raise ValueError("the Triton interpreter is on, so the kernel runs on the CPU: pass a CPU tensor")
+    elif not x.is_cuda:
+        raise ValueError(f"x is on {x.device}, but Triton compiles for the GPU: move it to 'cuda'")
+
+
+def softmax(x: torch.Tensor, *, kernel=None, block_n: int | None = None) -> torch.Tensor:
+    """Softmax over the rows of ``x`` with a Triton kernel (default ``_softmax_kernel``).
+
+    ``kernel`` must take ``_softmax_kernel``'s arguments. ``block_n`` (a power of two >= 16)
+    overrides the default block; a block shorter than the rows makes every row span several.
+    """
+    _check_input(x)
+    n_rows, n_cols = x.shape
+    block = default_block(n_cols, x.is_cuda) if block_n is None else block_n
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block}")
+    if x.is_cuda:
+        y = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
+    else:
+        # NaN everywhere: a row the kernel never writes fails the comparison instead of passing
+        # on whatever the allocator left there.
+        y = checks.poisoned_empty((n_rows, n_cols), dtype=x.dtype)
+    if n_rows == 0 or n_cols == 0:
+        return y
+    (kernel or _softmax_kernel)[(n_rows,)](
+        x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=block, num_warps=num_warps_for(block),
+    )
+    return y
+
+
+def check_softmax(actual: torch.Tensor, x: torch.Tensor, name: str = "softmax") -> None:
+    """Raise ``checks.MismatchError`` unless ``actual`` is an acceptable softmax of ``x``.
+
+    fp32 must match the reference to fp32 tolerances; 16-bit results must be no worse than twice
+    PyTorch's own softmax in that format, both measured against the fp32 computation.
+    """
+    if x.dtype == torch.float32:
+        checks.assert_close(actual, softmax_ref(x), name=name)
+        return
+    checks.assert_low_precision_close(actual, torch.softmax(x.float(), dim=-1), torch.softmax(x, dim=-1),
+                                      name=name)
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, block_n: int = 1024, kernel=None) -> str:
+    """PTX of the softmax kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100).
+
+    Compiled as a launch on a contiguous matrix whose row length is a multiple of 16 would be:
+    aligned pointers and strides let the compiler vectorise the row loads.
+    """
+    from fastdl_lab import triton_aot
+
+    ty = _TRITON_TYPES[dtype]
+    signature = {**SIGNATURE, "x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
+    return triton_aot.compile_to_ptx(kernel or _softmax_kernel, signature, {"BLOCK_N": block_n},
+                                     capability=capability, num_warps=num_warps_for(block_n),
+                                     divisible_by_16=["x_ptr", "y_ptr", "n_cols", "stride_xm", "stride_ym"])
+
+
+# Benchmark spec: what benchmarks/softmax.py runs. Every variant normalises by the fused traffic
+# (read once, write once), so GB/s compares the versions on the bytes the job truly needs; the
+# eager row also reports its own five-pass traffic. The interpreter's speed is not a kernel's, so
+# the Triton rows need a GPU; torch.compile stands in for a fused kernel on the CPU. CPU matrices
+# stay at 16 MiB or less: glibc serves larger allocations with fresh pages from the kernel on every
+# call, and the page faults of each new output would dominate the timings.
+BENCHMARK = {
+    "name": "softmax",
+    "cpu": {"rows": 4096, "cols": [128, 512, 1024], "variants": ["torch", "eager_steps", "compiled"]},
+    "gpu": {"rows": 8192, "cols": [256, 1024, 4096, 16384],
+            "variants": ["torch", "eager_steps", "compiled", "triton"]},
+    "dtypes": {"cpu": [torch.float32], "gpu": [torch.float32, torch.float16]},
+    "gpu_only": ["triton"],
+}
+
+
+def _variants(names: list[str]) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    fns = {"torch": lambda x: torch.softmax(x, dim=-1), "eager_steps": softmax_eager_steps, "triton": softmax}
+    if "compiled" in names:
+        # One compiled function for every size: shapes after the first compile as dynamic.
+        fns["compiled"] = torch.compile(softmax_eager_steps)
+    return {name: fns[name] for name in names}
+
+
+def benchmark(reps: int = 10, log: Callable[[str], None] = print) -> list[dict]:
+    """Time every variant of the spec on this machine; one dict per measurement."""
+    from fastdl_lab import timing
+
+    on_gpu = device.has_gpu()
+    where = "gpu" if on_gpu else "cpu"
+    spec = BENCHMARK[where]
+    if not on_gpu:
+        log(f"{', '.join(BENCHMARK['gpu_only'])}: needs a GPU (the interpreter times Python, not the kernel)")
+    fns = _variants(spec["variants"])
+    rows = []
+    for dtype in BENCHMARK["dtypes"][where]:
+        for n_cols in spec["cols"]:
+            m = spec["rows"]
+            x = checks.randn(m, n_cols, dtype=dtype, seed=n_cols, device="cuda" if on_gpu else "cpu")
+            naive, fused = softmax_bytes_ref(m, n_cols, dtype.itemsize)
+            # Each variant is timed interleaved with torch.softmax; the warm-up absorbs
+            # torch.compile's compilation of a new shape. torch's own row takes the baseline of
+            # the first comparison.
+            comparisons = {v: timing.compare(lambda: fn(x), lambda: fns["torch"](x), reps=reps)
+                           for v, fn in fns.items() if v != "torch"}
+            comparisons = {"torch": next(iter(comparisons.values())).baseline, **comparisons}
+            for variant, result in comparisons.items():
+                t = getattr(result, "candidate", result)
+                row = {"op": "softmax", "variant": variant, "m": m, "n": n_cols,
+                       "dtype": str(dtype).replace("torch.", ""), "median_s": t.median, "iqr_s": t.iqr,
+                       "gbs": fused / t.median / 1e9,
+                       "traffic_gbs": (naive if variant == "eager_steps" else fused) / t.median / 1e9,
+                       "speedup_vs_torch": getattr(result, "speedup", 1.0)}
+                rows.append(row)
+                log(f"{variant:>12} {m}x{n_cols} {row['dtype']:>8}: {t.median * 1e3:9.3f} ms "
+                    f"{row['gbs']:8.2f} GB/s  {row['speedup_vs_torch']:.2f}x torch.softmax")
+    return rows
+
+
+def check() -> None:
+    """The kernel on ragged, multi-block, large and -inf rows; raises on the first mismatch."""
+    dev = "cuda" if device.has_gpu() else "cpu"
+    for dtype in (torch.float32, torch.float16):
+        for m, n, block in [(1, 1, None), (37, 45, None), (9, 300, 32), (5, 1500, None)]:
+            x = checks.randn(m, n, dtype=dtype, seed=m, device=dev, scale=3.0)
+            check_softmax(softmax(x, block_n=block), x, name=f"softmax {dtype} {m}x{n}")
+    x = checks.randn(6, 100, seed=3, device=dev, scale=1e4)
+    x[:, :40] = float("-inf")
+    check_softmax(softmax(x, block_n=16), x, name="large values and -inf")
+    assert softmax_bytes_ref(2, 3, 4) == ((8 * 6 + 4 * 2) * 4, 2 * 6 * 4)
+    print("softmax: checks passed")
+
+
+if __name__ == "__main__":
+    check()
+    benchmark()
