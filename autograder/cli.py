@@ -23,14 +23,14 @@ def _seed(args) -> int:
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'student':<22} {'lab':<11} {'item':<16} {'score':>9}  {'status':<16} reason"]
+    lines = [f"{'student':<22} {'lab':<13} {'item':<20} {'score':>9}  {'status':<16} reason"]
     for r in rows:
         score = f"{r['score']:g}/{r['max_score']:g}"
-        lines.append(f"{r['student']:<22} {r['lab']:<11} {r['item']:<16} {score:>9}  {r['status']:<16} {r['reason'][:90]}")
+        lines.append(f"{r['student']:<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {r['reason'][:90]}")
     lines.append("")
     for (student, lab), t in sorted(pipeline.totals(rows).items()):
         note = f"  ({t['left_out']:g} points need a GPU: left out of the total)" if t["left_out"] else ""
-        lines.append(f"total {student:<22} {lab:<11} {t['score']:g}/{t['max']:g}{note}")
+        lines.append(f"total {student:<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
     return "\n".join(lines)
 
 

@@ -7,21 +7,9 @@ On a CPU the Triton and TF32 rows need a GPU and are not written.
     python benchmarks/gemm.py [--reps 10] [--dry-run]
 """
 
-import argparse
+from _runner import run
 
-from fastdl_lab import gemm, measure
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=10, help="timed samples per variant and size")
-    parser.add_argument("--dry-run", action="store_true", help="print the rows, record nothing")
-    args = parser.parse_args(argv)
-    gemm.check()
-    rows = gemm.benchmark(reps=args.reps)
-    if not args.dry_run:
-        print(f"appended {len(rows)} rows to {measure.append_results(gemm.BENCHMARK['name'], rows)}")
-
+from fastdl_lab import gemm
 
 if __name__ == "__main__":
-    main()
+    run(gemm, __doc__)

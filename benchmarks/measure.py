@@ -7,20 +7,9 @@ real GPU) need a GPU and are not written on a CPU.
     python benchmarks/measure.py [--dry-run]
 """
 
-import argparse
+from _runner import run
 
 from fastdl_lab import measure
 
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="print the rows, record nothing")
-    args = parser.parse_args(argv)
-    measure.check()
-    rows = measure.benchmark()
-    if not args.dry_run:
-        print(f"appended {len(rows)} rows to {measure.append_results(measure.BENCHMARK['name'], rows)}")
-
-
 if __name__ == "__main__":
-    main()
+    run(measure, __doc__)

@@ -135,7 +135,7 @@ def test_feedback_shows_verdicts_and_no_hidden_tests(course, demo):
         assert "Autograder verdict for &#39;matmul_fp32&#39;" in html or "Autograder verdict for 'matmul_fp32'" in html
         for line in hidden:
             assert line not in html, f"feedback of {student} shows a hidden test line: {line}"
-    assert "hidden shapes correct" in (course.feedback_dir("buggy-k-remainder", lab.name) / f"{lab.name}.html").read_text()
+    assert "hidden cases correct" in (course.feedback_dir("buggy-k-remainder", lab.name) / f"{lab.name}.html").read_text()
 
 
 def test_report_csv_and_records(course, demo, tmp_path):
@@ -170,6 +170,20 @@ def test_looping_kernel_times_out(course, cpu):
     assert results["matmul_fp32"].status == "timeout"
     assert "wall-time limit" in results["matmul_fp32"].reason
     assert results["grouped_order"].status == "passed"
+
+
+@pytest.mark.parametrize("fixture, lost, kept, status", [
+    ("02_fusion-oob-store", ("softmax_fp32", "softmax_fp16"), ("softmax_bytes", "conv_bn_fold"), "crashed"),
+    ("03_layernorm-loop", ("layernorm_bwd", "layernorm_training"), ("layernorm_fwd_fp32", "layernorm_stability"), "timeout"),
+])
+def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, status):
+    lab = fixture.split("-")[0]
+    variant(course, lab, fixture, FIXTURE_DIR / f"{fixture}.py")
+    results = engine(course, cpu, lab, fixture, limits={**cpu["limits"], "wall_s": 20})
+    for item in lost:
+        assert results[item].status == status and results[item].score == 0, results[item]
+    for item in kept:
+        assert results[item].status == "passed", results[item]
 
 
 def _edit(course, student, lab, change):
