@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastdl_lab import checks, device
+# Lab 02 measures ConvBN with these; they live in the shared memory module.
+from fastdl_lab.memory import peak_memory_bytes, saved_tensor_bytes  # noqa: F401
 
 FACTOR = 1.0001
 
@@ -280,43 +282,6 @@ class ConvBNFunction(torch.autograd.Function):
 def conv_bn_train(x, conv_weight, bn_weight, bn_bias, eps=1e-5, stride=1, padding=1):
     """Same outputs and gradients as ``conv_bn_train_ref``, with the conv output recomputed in backward."""
     return ConvBNFunction.apply(x, conv_weight, bn_weight, bn_bias, eps, stride, padding)
-
-
-def saved_tensor_bytes(fn: Callable, *args) -> int:
-    """Bytes that autograd keeps for backward while ``fn(*args)`` runs (forward only).
-
-    Counting rule: every tensor saved for backward is seen through a saved-tensors hook, and each
-    distinct storage it lives in counts once, whole. Inputs and parameters saved by reference
-    count (backward needs them kept), a tensor saved by two ops counts once (it is one buffer),
-    and a saved view counts its whole storage (it keeps all of it alive).
-    """
-    storages: dict[tuple[str, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[(str(t.device), storage.data_ptr())] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    del out
-    return sum(storages.values())
-
-
-def peak_memory_bytes(fn: Callable, *args) -> int | None:
-    """GPU memory in use at the peak of ``fn(*args).sum().backward()``, above what was in use before.
-
-    None without a GPU: the CPU allocator keeps no peak statistics; ``saved_tensor_bytes`` is the
-    deterministic figure there.
-    """
-    if not device.has_gpu():
-        return None
-    device.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn(*args).sum().backward()
-    device.synchronize()
-    return torch.cuda.max_memory_allocated() - before
 
 
 def convbn_operands(batch=8, in_channels=16, out_channels=32, size=32, *, dtype=torch.float32, seed=0,

@@ -133,6 +133,15 @@ def _from_verdict(item: Item, verdict: Verdict, wall_s: float) -> ItemResult:
     return ItemResult(item.name, round(item.points * fraction, 4), item.points, status, verdict.reason, True, wall_s, verdict.details)
 
 
+def _item_limits(item: Item, profile: dict) -> Limits:
+    limits = profiles.limits(profile)
+    limits.loopback = item.loopback
+    limits.max_processes += item.processes
+    # Every rank imports torch: resident memory grows with the world.
+    limits.memory_bytes += item.processes * (1 << 30)
+    return limits
+
+
 def _grade_correctness(lab, item, cells, seed, profile, student_package) -> ItemResult:
     params = profiles.item_params(profile, lab.name, item.name)
     inputs = item.make_inputs(item_seed(seed, item.name), params)
@@ -140,7 +149,7 @@ def _grade_correctness(lab, item, cells, seed, profile, student_package) -> Item
     try:
         work.write_job()
         env = _child_env(work.path, student_package, profile)
-        result = _run_child(work, profiles.limits(profile), env)
+        result = _run_child(work, _item_limits(item, profile), env)
         if not result.ok:
             return _failure(item, result, work)
         return _from_verdict(item, _judge(item, inputs, work, params), result.wall_s)
@@ -161,7 +170,7 @@ def _grade_speed(lab, item, cells, seed, profile, student_package) -> ItemResult
     """Candidate and baseline each serve calls in their own child; this process times both."""
     params = profiles.item_params(profile, lab.name, item.name)
     inputs = item.make_inputs(item_seed(seed, item.name), params)
-    limits = profiles.limits(profile)
+    limits = _item_limits(item, profile)
     children, threads, results = {}, [], {}
     for role in ("candidate", "baseline"):
         control_r, control_w = os.pipe()

@@ -12,7 +12,7 @@ from autograder.labs._common import on_device, per_case, require_tensor, triton_
 from fastdl_lab import checks
 
 # Bound before any student cell runs (see lab01_gemm).
-from fastdl_lab.fusion import saved_tensor_bytes as _saved_tensor_bytes
+from fastdl_lab.memory import saved_tensor_bytes as _saved_tensor_bytes
 from fastdl_lab.softmax import check_softmax
 from fastdl_lab.softmax import softmax as _launch
 
@@ -176,7 +176,8 @@ def convbn_drive(ns: dict, inputs: dict) -> dict:
 
 
 def convbn_check(inputs: dict, outputs, params: dict) -> Verdict:
-    from fastdl_lab.fusion import conv_bn_train_ref, saved_tensor_bytes
+    from fastdl_lab.fusion import conv_bn_train_ref
+    from fastdl_lab.memory import saved_tensor_bytes
 
     args = _args(inputs)
     reference_bytes = saved_tensor_bytes(conv_bn_train_ref, *_args(inputs))
