@@ -1,0 +1,283 @@
+"""FlashAttention as a differentiable PyTorch function (lab 05 attention): validation, launch
+configuration, the ``torch.autograd.Function``, the correctness rules, and PTX for real GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from fastdl_lab import checks, device
+from fastdl_lab.attention.backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel,
+                                           launch_backward)
+from fastdl_lab.attention.forward import _attn_fwd_kernel, launch_forward
+from fastdl_lab.attention.reference import attention_ref
+
+KERNELS = {"fwd": _attn_fwd_kernel, "bwd_preprocess": _attn_bwd_preprocess_kernel,
+           "bwd_dkdv": _attn_bwd_dkdv_kernel, "bwd_dq": _attn_bwd_dq_kernel}
+# The names the lab's solution cells give their kernels, by launcher key (the grader reads these).
+STUDENT_KERNELS = {"fwd": "attn_fwd_kernel", "bwd_preprocess": "attn_bwd_preprocess_kernel",
+                   "bwd_dkdv": "attn_bwd_dkdv_kernel", "bwd_dq": "attn_bwd_dq_kernel"}
+BWD_KEYS = ("bwd_preprocess", "bwd_dkdv", "bwd_dq")
+# tl.dot needs every dimension to be a power of two of at least 16; past 128 the q tile and the
+# accumulator no longer fit a GPU's registers next to the k and v tiles.
+HEAD_DIMS = (16, 32, 64, 128)
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def default_config(head_dim: int, dtype: torch.dtype, on_gpu: bool, block_m: int | None = None,
+                   block_n: int | None = None) -> dict[str, int]:
+    """Tile sizes and launch options; ``block_m`` / ``block_n`` force the query / key tile of every kernel."""
+    if not on_gpu:
+        # The interpreter pays per program and per loop trip, not per element: large tiles.
+        fwd = bwd = (64, 64)
+        warps, stages = 4, 1
+    elif dtype == torch.float32:
+        # Four bytes an element: halve the tiles so that the q, k and v tiles and their pipeline
+        # copies stay within the shared memory of every course GPU.
+        fwd, bwd = (64, 32), (32, 32)
+        warps, stages = 4, 2
+    else:
+        # 128 queries a program give each loaded k, v tile 128 rows of reuse; the backward holds two
+        # accumulators (dk, dv or dq plus the tiles it recomputes), hence its smaller tiles.
+        fwd, bwd = (128, 64), (64, 64)
+        warps, stages = (8 if head_dim == 128 else 4), 2
+    fwd_m, fwd_n = block_m or fwd[0], block_n or fwd[1]
+    bwd_m, bwd_n = block_m or bwd[0], block_n or bwd[1]
+    return {"block_m": fwd_m, "block_n": fwd_n, "bwd_block_m": bwd_m, "bwd_block_n": bwd_n,
+            "num_warps": warps, "num_stages": stages}
+
+
+def _validate(q, k, v, causal, scale, kernels, block_m, block_n) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"q is {q.dtype} but {name} is {t.dtype}; cast one of them first")
+        if t.device != q.device:
+            raise ValueError(f"q is on {q.device} but {name} is on {t.device}")
+        if t.shape != q.shape:
+            raise ValueError(f"q has shape {tuple(q.shape)} but {name} has {tuple(t.shape)}: this kernel needs "
+                             "the same batch, heads, tokens and head_dim for q, k and v")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim {q.shape[-1]} not supported; use one of {HEAD_DIMS}")
+    if q.dtype not in _TRITON_TYPES:
+        raise ValueError(f"dtype {q.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
+    if device.interpreting():
+        if q.dtype == torch.bfloat16:
+            raise ValueError("bfloat16 tl.dot is wrong under the Triton interpreter (it multiplies raw bit "
+                             "patterns); use float16 or float32 on the CPU, bfloat16 on a GPU")
+        if q.is_cuda:
+            raise ValueError("the Triton interpreter is on, so the kernels run on the CPU: pass CPU tensors")
+    elif not q.is_cuda:
+        raise ValueError(f"tensors are on {q.device}, but Triton compiles for the GPU: move them to 'cuda'")
+    # By equality: 0 / 1 and NumPy booleans pass, a string or None does not.
+    if causal not in (True, False):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
+    if kernels is not None:
+        if not isinstance(kernels, Mapping):
+            raise TypeError(f"kernels must be a dict with keys {sorted(KERNELS)}, got {type(kernels).__name__}")
+        unknown = sorted(set(kernels) - set(KERNELS))
+        if unknown:
+            raise ValueError(f"unknown kernel name(s) {unknown}; the keys are {sorted(KERNELS)}")
+    for name, size in (("block_m", block_m), ("block_n", block_n)):
+        if size is not None and (not isinstance(size, int) or size < 16 or size & (size - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16 (a tl.dot dimension), got {size!r}")
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd wiring: saves q, k, v, the output and the per-row logsumexp; nothing N x N."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, kernels, config):
+        b, h, n, d = q.shape
+        # The kernels share one (slice, row) stride pair for every tensor: contiguous rows of d.
+        q3, k3, v3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+        ### BEGIN SOLUTION
+        o, lse = launch_forward(kernels["fwd"], q3, k3, v3, causal, scale, config)
+        out = o.view(b, h, n, d)
+        ctx.save_for_backward(q3, k3, v3, out, lse)
+        ctx.causal, ctx.scale, ctx.kernels, ctx.config = causal, scale, kernels, config
+        return out
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, do):
+        ### BEGIN SOLUTION
+        q3, k3, v3, out, lse = ctx.saved_tensors
+        # A gradient from .sum() is an expanded scalar whose strides are all 0.
+        do3 = do.contiguous().view(q3.shape)
+        dq, dk, dv = launch_backward(ctx.kernels, q3, k3, v3, out.view(q3.shape), lse, do3, ctx.causal, ctx.scale,
+                                     ctx.config)
+        shape = out.shape
+        return dq.view(shape), dk.view(shape), dv.view(shape), None, None, None, None
+        ### END SOLUTION
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    scale: float | None = None, kernels: Mapping | None = None, block_m: int | None = None,
+                    block_n: int | None = None, function: type[torch.autograd.Function] | None = None) -> torch.Tensor:
+    """softmax(scale q k^T) v with the Triton kernels, differentiable in q, k and v.
+
+    q, k, v: (batch, heads, tokens, head_dim), one dtype and device, head_dim in ``HEAD_DIMS``,
+    any number of tokens. ``causal``: query i attends keys 0..i. ``scale`` defaults to
+    1/sqrt(head_dim). ``kernels`` may replace any of the package's kernels by key (``KERNELS``);
+    each must take the arguments of the kernel it replaces. ``block_m`` / ``block_n`` force the
+    query / key tile of every kernel, so that short sequences still span several tiles.
+    ``function`` replaces ``FlashAttentionFunction``: lab 05 has students wire their kernels into
+    autograd themselves; it is applied to ``(q, k, v, causal, scale, kernels, config)``.
+    """
+    _validate(q, k, v, causal, scale, kernels, block_m, block_n)
+    d = q.shape[-1]
+    config = default_config(d, q.dtype, q.is_cuda, block_m, block_n)
+    chosen = {**KERNELS, **(kernels or {})}
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return (function or FlashAttentionFunction).apply(q, k, v, bool(causal), sm_scale, chosen, config)
+
+
+@contextlib.contextmanager
+def _tf32_matmuls():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _torch_attention(q, k, v, causal, scale):
+    """PyTorch's own attention in the precision a kernel on these inputs works in."""
+    if q.dtype == torch.float32:
+        # On a GPU tl.dot takes fp32 operands through TF32 tensor cores; PyTorch's TF32 matmuls
+        # are the like-for-like baseline there (the flag changes nothing on the CPU).
+        with _tf32_matmuls():
+            return attention_ref(q, k, v, causal=causal, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+# The gradients sum N terms per element, so fp32 rounding shows relative to the size of those
+# terms rather than element by element: GRAD_RTOL times the gradient's largest magnitude or its
+# a-priori bound, whichever is larger (see check_attention_grads).
+GRAD_RTOL = 2e-5
+
+
+def _fp32_accurate(actual, exact: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float) -> bool:
+    if type(actual) is not torch.Tensor or actual.dtype != dtype or actual.shape != exact.shape:
+        return False
+    a, e = actual.detach().cpu().double(), exact.cpu()
+    return bool(((a - e).abs() <= atol + rtol * e.abs()).all())
+
+
+def _judge(actual, exact: torch.Tensor, torch_result, dtype: torch.dtype, atol: float, rtol: float,
+           name: str) -> None:
+    """Accept fp32 accuracy outright; otherwise no worse than twice PyTorch's own error.
+
+    Within fp32 tolerances of the exact result is acceptable in any precision (the low-precision
+    rule alone would reject it where PyTorch happens to be exact: with one key, PyTorch's dq is
+    exactly 0, a kernel's is rounding noise). Beyond them, large scores make attention
+    ill-conditioned for every implementation, fp32 included: then PyTorch's own result in the
+    same precision (``torch_result()``) sets the bar.
+    """
+    if not _fp32_accurate(actual, exact, dtype, atol, rtol):
+        checks.assert_low_precision_close(actual, exact.float(), torch_result(), name=name)
+
+
+def check_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, name: str = "o") -> None:
+    """Raise ``checks.MismatchError`` unless ``out`` is attention(q, k, v) to q's precision.
+
+    Passes within fp32 tolerances of the fp64 reference; otherwise ``out`` must be no worse than
+    twice PyTorch's own error in q's precision, both against fp64: ``F.scaled_dot_product_attention``
+    for fp16 and bf16, ``attention_ref`` for fp32 (with TF32 matmuls on a GPU, where ``tl.dot``
+    uses TF32 tensor cores for fp32).
+    """
+    exact = attention_ref(q.double(), k.double(), v.double(), causal=causal, scale=scale)
+    atol, rtol = checks.tolerance(torch.float32)
+    _judge(out, exact, lambda: _torch_attention(q, k, v, causal, scale), q.dtype, atol, rtol, name)
+
+
+def _attention_grads(fn, q, k, v, do):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    return torch.autograd.grad(fn(*leaves), leaves, do)
+
+
+def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                          causal: bool = False, scale: float | None = None, name: str = "") -> None:
+    """Check ``grads = (dq, dk, dv)`` of sum(do * attention(q, k, v)), as ``check_attention`` checks o.
+
+    The fp32 tolerance of each gradient is widened by ``GRAD_RTOL`` times the larger of its
+    largest magnitude and its a-priori bound: dS = P * (dP - delta) with delta a P-weighted mean
+    of dP, so |dq| <= 2 scale max|dP| max|k| and |dk| <= 2 scale max|dP| max|q| times the column
+    sums of P. The bound matters where the exact gradient is 0 by cancellation (with one key, dq
+    and dk are dP - delta = 0, which a kernel computes as a difference of two rounded sums).
+    PyTorch's own gradients are the autograd gradients of the attention ``check_attention`` uses.
+    """
+    exact = _attention_grads(lambda *t: attention_ref(*t, causal=causal, scale=scale),
+                             q.double(), k.double(), v.double(), do.double())
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dp_max = _largest(torch.matmul(do.double(), v.double().transpose(-2, -1)))
+    bounds = (tau * dp_max * _largest(k.double()), tau * dp_max * _largest(q.double()), 0.0)
+    torch_grads = []
+
+    def torch_grad(i):
+        if not torch_grads:
+            with _tf32_matmuls():
+                torch_grads.extend(_attention_grads(lambda *t: _torch_attention(*t, causal, scale), q, k, v, do))
+        return torch_grads[i]
+
+    atol, rtol = checks.tolerance(torch.float32)
+    for i, label in enumerate(("dq", "dk", "dv")):
+        spread = max(_largest(exact[i]), bounds[i])
+        _judge(grads[i], exact[i], lambda: torch_grad(i), q.dtype, atol + GRAD_RTOL * spread, rtol,
+               f"{name} {label}".strip())
+
+
+def _largest(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+_PER_ROW = {"lse_ptr", "delta_ptr"}
+_CONSTEXPRS = {"CAUSAL", "BLOCK_M", "BLOCK_N", "HEAD_DIM"}
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str = "fwd", head_dim: int = 64,
+        causal: bool = False, kernel=None, block_m: int | None = None, block_n: int | None = None) -> str:
+    """PTX of one kernel ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq") for an NVIDIA GPU, no GPU needed.
+
+    ``kernel`` replaces the package's kernel of that name (same arguments). Compiled with the
+    GPU launch configuration, as a launch on a sequence length and strides that are multiples of
+    16 would be, so that Triton can prove the row loads aligned.
+    """
+    from fastdl_lab import triton_aot
+
+    if which not in KERNELS:
+        raise ValueError(f"which must be one of {sorted(KERNELS)}, got {which!r}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    config = default_config(head_dim, dtype, True, block_m, block_n)
+    ty = _TRITON_TYPES[dtype]
+    code = KERNELS[which].fn.__code__
+    names = code.co_varnames[: code.co_argcount]
+    signature = {name: ("*fp32" if name in _PER_ROW else f"*{ty}" if name.endswith("_ptr") else
+                        "fp32" if name == "scale" else "i32")
+                 for name in names if name not in _CONSTEXPRS}
+    if which == "fwd":
+        tiles = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"]}
+    else:
+        tiles = {"BLOCK_M": config["bwd_block_m"], "BLOCK_N": config["bwd_block_n"]}
+    constexprs = {"HEAD_DIM": head_dim, **{key: value for key, value in tiles.items() if key in names}}
+    if "CAUSAL" in names:
+        constexprs["CAUSAL"] = causal
+    aligned = [name for name in signature if name.endswith("_ptr") or name.startswith("stride") or name == "N"]
+    return triton_aot.compile_to_ptx(kernel or KERNELS[which], signature, constexprs, capability=capability,
+                                     num_warps=config["num_warps"], num_stages=config["num_stages"],
+                                     divisible_by_16=aligned)
