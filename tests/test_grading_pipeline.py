@@ -118,7 +118,7 @@ def test_buggy_demos_lose_points_with_reasons(course, demo):
             rows = rows_for(course, student, lab.name)
             lost = [r for r in rows.values() if r["status"] not in ("passed", "needs_gpu")]
             assert lost, f"{student} lost nothing"
-            assert any(r["status"] == "passed" for r in rows.values()), f"{student} gained nothing"
+            assert any(r["score"] > 0 for r in rows.values()), f"{student} gained nothing"
             assert all(r["reason"] for r in lost)
 
 
