@@ -186,6 +186,31 @@ def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, st
         assert results[item].status == "passed", results[item]
 
 
+@pytest.mark.distributed
+def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
+    variant(course, "07_distributed", "deadlock", FIXTURE_DIR / "07_distributed-deadlock.py")
+    lab = load_lab("07_distributed")
+    only = [lab.item("ring_allreduce"), lab.item("zero1")]
+    results = {r.item: r for r in grade_submission(
+        type(lab)(lab.name, only, lab.preamble), course.submitted("deadlock", lab.name),
+        release=course.release(lab.name), profile=cpu, seed=SEED, student_package=course.student_package)}
+    ring = results["ring_allreduce"]
+    assert ring.status == "error" and ring.score == 0, ring
+    assert "rank" in ring.reason
+    assert results["zero1"].status == "passed"
+    # Nothing of the world survives: no process of this test's session runs the child entry point.
+    import os
+    leftovers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"autograder.engine.child" in f.read():
+                    leftovers.append(pid)
+        except OSError:
+            pass
+    assert leftovers == []
+
+
 def _edit(course, student, lab, change):
     path = make_submission(course, lab, student, reference_solutions(course, lab))
     nb = json.loads(path.read_text())

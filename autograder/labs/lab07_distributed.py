@@ -1,0 +1,213 @@
+"""Graded items of lab 07 distributed: DDP, bucketed DDP, ring all-reduce, parameter server, ZeRO-1.
+
+Each item starts small worlds of ranks inside the sandboxed child (forked, gloo on loopback in the
+child's own network namespace, so concurrent gradings never share a port). The parent computes
+every single-process reference itself and checks the ranks' results against it; a rank that
+hangs ends at the collective timeout, and the sandbox removes every process of the world.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+from autograder.engine.items import Item, LabSpec, Verdict
+from autograder.labs._common import per_case
+
+# Bound before any student cell runs (see lab01_gemm).
+from fastdl_lab.distributed import ddp, ps, ring, run_world, zero
+
+RANK_TIMEOUT_S = 20.0
+
+
+def _model_fn(case: dict):
+    return functools.partial(ddp.small_mlp, case["seed"], case["d_in"], case["d_hidden"], case["d_out"])
+
+
+def _data(case: dict):
+    return ddp.make_regression(case["seed"], case["n"], case["d_in"], case["d_out"])
+
+
+def _training_cases(seed: int, params: dict) -> dict:
+    rng = random.Random(seed)
+    cases = []
+    for world, extra in params["worlds"]:
+        d_in, d_hidden, d_out = rng.randint(5, 12), rng.randint(8, 20), rng.randint(2, 4)
+        cases.append({"seed": rng.randint(0, 10_000), "d_in": d_in, "d_hidden": d_hidden, "d_out": d_out,
+                      "n": world * rng.randint(6, 12), "steps": int(params.get("steps", 4)),
+                      "lr": rng.choice([0.05, 0.1, 0.2]), "world": world, "extra": extra})
+    return {"cases": cases}
+
+
+def _label(case: dict) -> str:
+    extra = f", bucket_bytes={case['extra']}" if case["extra"] else ""
+    return f"{case['world']} ranks{extra}"
+
+
+# --- naive DDP -------------------------------------------------------------------------------
+
+def ddp_drive(ns: dict, inputs: dict) -> list:
+    sync = ns["allreduce_gradients"]
+    return [run_world(ddp.train_ddp, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], sync=sync,
+                      timeout_s=RANK_TIMEOUT_S) for c in inputs["cases"]]
+
+
+def _parity(inputs: dict, states_per_case) -> Verdict:
+    cases = inputs["cases"]
+
+    def check_one(i: int) -> None:
+        c = cases[i]
+        reference = ddp.train_reference(_model_fn(c), _data(c), c["steps"], c["lr"])
+        states = states_per_case[i]
+        if not isinstance(states, list) or len(states) != c["world"]:
+            raise AssertionError(f"{_label(c)}: expected one state per rank")
+        ddp.check_parity(states, reference, name=f"{_label(c)}:")
+
+    return per_case([_label(c) for c in cases], check_one)
+
+
+def ddp_check(inputs: dict, outputs, params: dict) -> Verdict:
+    return _parity(inputs, outputs)
+
+
+# --- bucketed DDP ----------------------------------------------------------------------------
+
+def bucketed_drive(ns: dict, inputs: dict) -> dict:
+    cls = ns["BucketedDDP"]
+    states, stats = [], []
+    for c in inputs["cases"]:
+        states.append(run_world(ddp.train_ddp, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], sync=cls,
+                                bucket_bytes=c["extra"], timeout_s=RANK_TIMEOUT_S))
+        stats.append(run_world(ddp.bucket_stats, c["world"], _model_fn(c), _data(c), c["extra"], sync=cls,
+                               steps=2, timeout_s=RANK_TIMEOUT_S)[0])
+    return {"states": states, "stats": stats}
+
+
+def bucketed_check(inputs: dict, outputs, params: dict) -> Verdict:
+    parity = _parity(inputs, outputs["states"])
+    if parity.fraction < 1:
+        return parity
+    for c, stats in zip(inputs["cases"], outputs["stats"], strict=True):
+        expected = ddp.expected_num_buckets(_model_fn(c)(), c["extra"])
+        got = {k: int(stats[k]) for k in ("num_buckets", "allreduce_calls", "launched_in_backward")}
+        if got["num_buckets"] != expected or got["allreduce_calls"] != 2 * expected:
+            return Verdict(0.5, f"weights correct, but {_label(c)}: {got['num_buckets']} buckets and "
+                                f"{got['allreduce_calls']} all-reduces in 2 steps; expected {expected} buckets, "
+                                "one all-reduce per bucket per step", stats=got)
+        if got["launched_in_backward"] != expected:
+            return Verdict(0.75, f"weights and counts correct, but {_label(c)}: only {got['launched_in_backward']} "
+                                 f"of {expected} buckets were launched during backward (no overlap)", stats=got)
+    return Verdict.passed(f"parity on {len(inputs['cases'])} hidden worlds; one all-reduce per bucket, "
+                          "all launched during backward")
+
+
+# --- ring all-reduce -------------------------------------------------------------------------
+
+def ring_inputs(seed: int, params: dict) -> dict:
+    rng = random.Random(seed)
+    return {"worlds": [[world, rng.sample(list(sizes), min(3, len(sizes)))] for world, sizes in params["worlds"]],
+            "seed": rng.randint(0, 1000)}
+
+
+def _ring_trials(rank: int, world_size: int, sizes, seed: int, allreduce) -> list:
+    return [ring.ring_trial(rank, world_size, n, allreduce=allreduce, seed=seed) for n in sizes]
+
+
+def ring_drive(ns: dict, inputs: dict) -> list:
+    fn = ns["ring_allreduce"]
+    return [run_world(_ring_trials, world, sizes, inputs["seed"], fn, timeout_s=RANK_TIMEOUT_S)
+            for world, sizes in inputs["worlds"]]
+
+
+def ring_check(inputs: dict, outputs, params: dict) -> Verdict:
+    labels, cases = [], []
+    for (world, sizes), per_rank in zip(inputs["worlds"], outputs, strict=True):
+        for j, numel in enumerate(sizes):
+            labels.append(f"{world} ranks, numel {numel}")
+            cases.append((per_rank, j, numel))
+
+    def check_one(i: int) -> None:
+        per_rank, j, numel = cases[i]
+        ring.check_ring([r[j] for r in per_rank], numel, seed=inputs["seed"], name="ring_allreduce")
+
+    return per_case(labels, check_one)
+
+
+# --- parameter server ------------------------------------------------------------------------
+
+def ps_inputs(seed: int, params: dict) -> dict:
+    rng = random.Random(seed)
+    probes = []
+    for _ in range(40):
+        tau = rng.randint(0, 8)
+        server = rng.randint(0, 200)
+        probes.append((server, max(0, server - rng.randint(0, tau + 2)), tau))
+    runs = [dict(run, seed=rng.randint(0, 1000)) for run in params["runs"]]
+    return {"probes": probes, "runs": runs}
+
+
+def ps_drive(ns: dict, inputs: dict) -> dict:
+    rule = ns["bounded_staleness_rule"]
+    answers = [bool(rule(*probe)) for probe in inputs["probes"]]
+    servers = [run_world(ps.run_ps, r["world"], "bounded", r["tau"], r["steps"], r["lr"], r["seed"],
+                         worker_delays=r["delays"], rule=rule, timeout_s=RANK_TIMEOUT_S)[0] for r in inputs["runs"]]
+    return {"answers": answers, "servers": servers}
+
+
+def ps_check(inputs: dict, outputs, params: dict) -> Verdict:
+    for probe, answer in zip(inputs["probes"], outputs["answers"], strict=True):
+        if bool(answer) != ps.bounded_staleness_rule_ref(*probe):
+            server, gradient, tau = probe
+            return Verdict.failed(f"bounded_staleness_rule(server_version={server}, gradient_version={gradient}, "
+                                  f"tau={tau}) returned {bool(answer)}")
+    for run, server in zip(inputs["runs"], outputs["servers"], strict=True):
+        worst = max(server["staleness"], default=0)
+        if worst > run["tau"]:
+            return Verdict.failed(f"a gradient {worst} versions old was applied with tau={run['tau']}")
+        if not ps.converged(server):
+            return Verdict(0.5, f"staleness bounded, but the loss {server['loss']:.4f} did not approach the optimum "
+                                f"{server['optimal_loss']:.4f} (tau={run['tau']})")
+    return Verdict.passed(f"rule correct on {len(inputs['probes'])} hidden cases; {len(inputs['runs'])} servers never "
+                          "exceeded tau and converged")
+
+
+# --- ZeRO-1 ----------------------------------------------------------------------------------
+
+def zero_drive(ns: dict, inputs: dict) -> list:
+    cls = ns["Zero1Adam"]
+    return [run_world(zero.train_zero, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], optimizer_cls=cls,
+                      eps=0.1, timeout_s=RANK_TIMEOUT_S) for c in inputs["cases"]]
+
+
+def zero_check(inputs: dict, outputs, params: dict) -> Verdict:
+    cases = inputs["cases"]
+
+    def check_one(i: int) -> None:
+        c = cases[i]
+        reference = zero.train_adam_reference(_model_fn(c), _data(c), c["steps"], c["lr"], eps=0.1)
+        zero.check_zero(outputs[i], reference, name=f"Zero1Adam, {_label(c)}:")
+
+    return per_case([_label(c) for c in cases], check_one)
+
+
+def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description=""):
+    return Item(name, points, (cell,), make_inputs, drive, check, kind=kind, description=description,
+                loopback=True, processes=8)
+
+
+LAB = LabSpec(
+    name="07_distributed",
+    preamble="from fastdl_lab import device\n",
+    items=[
+        _item("ddp_parity", 3, "ddp_code", _training_cases, ddp_drive, ddp_check,
+              description="naive DDP equals single-process training on the full batch"),
+        _item("bucketed_ddp", 3, "bucketed_code", _training_cases, bucketed_drive, bucketed_check, kind="mechanism",
+              description="bucketed DDP: parity, one all-reduce per bucket, launched during backward"),
+        _item("ring_allreduce", 3, "ring_code", ring_inputs, ring_drive, ring_check,
+              description="ring all-reduce from send/recv: exact sums and bytes, ragged sizes, 2-4 ranks"),
+        _item("parameter_server", 3, "ps_code", ps_inputs, ps_drive, ps_check, kind="mechanism",
+              description="bounded staleness never exceeds tau and converges"),
+        _item("zero1", 2, "zero_code", _training_cases, zero_drive, zero_check,
+              description="ZeRO-1: Adam parity and 1/N optimizer state per rank"),
+    ],
+)
