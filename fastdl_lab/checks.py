@@ -218,6 +218,15 @@ def poisoned_empty(shape, dtype: torch.dtype = torch.float32,
     return torch.empty(shape, dtype=dtype, device=device).fill_(_poison_value(dtype))
 
 
+def output_buffer(shape, dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """A kernel's output on ``like``'s device: poisoned on the CPU, so that whatever a kernel
+    forgets to write fails the comparison; plain ``empty`` on a GPU, where filling would cost a
+    pass over memory inside timed launches."""
+    if like.is_cuda:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    return poisoned_empty(shape, dtype=dtype)
+
+
 def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t).fill_(_poison_value(t.dtype))
 

@@ -44,6 +44,28 @@ def interpreting() -> bool:
 enable_interpreter_if_no_gpu()
 
 
+# Triton's names for the floating types its kernels in this course take (PTX signatures use them).
+TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def check_kernel_tensor(t: torch.Tensor, name: str = "tensors") -> None:
+    """The dtype and device gate every Triton launcher of the course applies to its inputs.
+
+    Under the interpreter bf16 is refused: ``tl.dot`` multiplies raw bit patterns there and NumPy
+    has no bfloat16, so a bf16 result on the CPU would prove nothing.
+    """
+    if t.dtype not in TRITON_TYPES:
+        raise ValueError(f"dtype {t.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
+    if interpreting():
+        if t.dtype == torch.bfloat16:
+            raise ValueError("bfloat16 is wrong or unchecked under the Triton interpreter (tl.dot multiplies "
+                             "raw bit patterns); use float16 or float32 on the CPU, bfloat16 on a GPU")
+        if t.is_cuda:
+            raise ValueError("the Triton interpreter is on, so the kernels run on the CPU: pass CPU tensors")
+    elif not t.is_cuda:
+        raise ValueError(f"{name} on {t.device}, but Triton compiles for the GPU: move them to 'cuda'")
+
+
 def synchronize() -> None:
     if has_gpu():
         torch.cuda.synchronize()

@@ -190,7 +190,6 @@ SIGNATURE = {
     "stride_bk": "i32", "stride_bn": "i32",
     "stride_cm": "i32", "stride_cn": "i32",
 }
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def default_config(dtype: torch.dtype, on_gpu: bool) -> dict[str, int]:
@@ -218,16 +217,7 @@ def _check_operands(a, b) -> None:
         raise ValueError(f"a is {a.dtype} but b is {b.dtype}; cast one of them first")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"inner dimensions differ: a is {a.shape[0]}x{a.shape[1]}, b is {b.shape[0]}x{b.shape[1]}")
-    if a.dtype not in _TRITON_TYPES:
-        raise ValueError(f"dtype {a.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
-    if device.interpreting():
-        if a.dtype == torch.bfloat16:
-            raise ValueError("bfloat16 tl.dot is wrong under the Triton interpreter (it multiplies raw bit "
-                             "patterns); use float16 or float32 on the CPU, bfloat16 on a GPU")
-        if a.is_cuda:
-            raise ValueError("the Triton interpreter is on, so the kernel runs on the CPU: pass CPU tensors")
-    elif not a.is_cuda:
-        raise ValueError(f"tensors are on {a.device}, but Triton compiles for the GPU: move them to 'cuda'")
+    device.check_kernel_tensor(a, "a and b are")
 
 
 def matmul(
@@ -260,12 +250,7 @@ def matmul(
         raise ValueError(f"group_m must be at least 1, got {config['group_m']}")
 
     (M, K), N = a.shape, b.shape[1]
-    if a.is_cuda:
-        c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    else:
-        # NaN everywhere: a tile the kernel never writes shows up in the comparison, instead of
-        # passing by luck on whatever the allocator left there.
-        c = checks.poisoned_empty((M, N), dtype=a.dtype)
+    c = checks.output_buffer((M, N), a.dtype, a)
     if M == 0 or N == 0:
         return c
     bm, bn = config["block_m"], config["block_n"]
@@ -289,7 +274,7 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, *
     from fastdl_lab import triton_aot
 
     config = {**default_config(dtype, on_gpu=True), **overrides}
-    ty = _TRITON_TYPES[dtype]
+    ty = device.TRITON_TYPES[dtype]
     signature = {**SIGNATURE, "a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}"}
     constexprs = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"],
                   "BLOCK_K": config["block_k"], "GROUP_M": config["group_m"],

@@ -254,7 +254,6 @@ def _layernorm_bwd_dwdb_kernel(dw_partial_ptr, db_partial_ptr, dw_ptr, db_ptr, s
 
 
 KERNELS = {"fwd": _layernorm_fwd_kernel, "bwd_dx": _layernorm_bwd_dx_kernel, "bwd_dwdb": _layernorm_bwd_dwdb_kernel}
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def default_config(n_cols: int, n_rows: int, on_gpu: bool, block_n: int | None = None) -> dict[str, int]:
@@ -295,14 +294,7 @@ def _validate(x, weight, bias, kernels, block_n) -> None:
             raise ValueError(f"x is {x.dtype} but {name} is {t.dtype}; cast one of them first")
         if t.device != x.device:
             raise ValueError(f"x is on {x.device} but {name} is on {t.device}")
-    if x.dtype not in _TRITON_TYPES:
-        raise ValueError(f"dtype {x.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
-    if device.interpreting() and x.dtype == torch.bfloat16:
-        raise ValueError("bfloat16 is checked on GPUs only: use float16 or float32 under the Triton interpreter")
-    if device.interpreting() and x.is_cuda:
-        raise ValueError("the Triton interpreter is on, so the kernels run on the CPU: pass CPU tensors")
-    if not device.interpreting() and not x.is_cuda:
-        raise ValueError(f"tensors are on {x.device}, but Triton compiles for the GPU: move them to 'cuda'")
+    device.check_kernel_tensor(x, "x is")
     if kernels is not None:
         if not isinstance(kernels, Mapping):
             raise TypeError(f"kernels must be a dict with keys {sorted(KERNELS)}, got {type(kernels).__name__}")
@@ -311,13 +303,6 @@ def _validate(x, weight, bias, kernels, block_n) -> None:
             raise ValueError(f"unknown kernel name(s) {unknown}; the keys are {sorted(KERNELS)}")
     if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-
-
-def _empty(shape, dtype, like: torch.Tensor) -> torch.Tensor:
-    if like.is_cuda:
-        return torch.empty(shape, dtype=dtype, device=like.device)
-    # NaN everywhere: whatever a kernel forgets to write shows up in the comparison.
-    return checks.poisoned_empty(shape, dtype=dtype)
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -332,9 +317,9 @@ class LayerNormFunction(torch.autograd.Function):
             x2d = x2d.contiguous()
         weight, bias = weight.contiguous(), bias.contiguous()
         m = x2d.shape[0]
-        y = _empty((m, n), x.dtype, x)
-        mean = _empty((m,), torch.float32, x)
-        rstd = _empty((m,), torch.float32, x)
+        y = checks.output_buffer((m, n), x.dtype, x)
+        mean = checks.output_buffer((m,), torch.float32, x)
+        rstd = checks.output_buffer((m,), torch.float32, x)
         if m:
             kernels["fwd"][(m,)](x2d, y, weight, bias, mean, rstd, x2d.stride(0), y.stride(0), n, eps,
                                  BLOCK_N=config["block_n"], num_warps=config["num_warps"])
@@ -349,14 +334,14 @@ class LayerNormFunction(torch.autograd.Function):
         m, n = x2d.shape
         # A gradient from .sum() is an expanded scalar whose strides are all 0.
         dy = dy.contiguous().reshape(m, n)
-        dx = _empty((m, n), x2d.dtype, x2d)
-        dw = _empty((n,), weight.dtype, x2d)
-        db = _empty((n,), weight.dtype, x2d)
+        dx = checks.output_buffer((m, n), x2d.dtype, x2d)
+        dw = checks.output_buffer((n,), weight.dtype, x2d)
+        db = checks.output_buffer((n,), weight.dtype, x2d)
         strips = triton.cdiv(m, config["bwd_block_m"])
         if strips == 0:
             return dx.reshape(ctx.x_shape), dw.zero_(), db.zero_(), None, None, None
-        dw_partial = _empty((strips, n), torch.float32, x2d)
-        db_partial = _empty((strips, n), torch.float32, x2d)
+        dw_partial = checks.output_buffer((strips, n), torch.float32, x2d)
+        db_partial = checks.output_buffer((strips, n), torch.float32, x2d)
         kernels["bwd_dx"][(strips,)](
             x2d, dy, dx, weight, mean, rstd, dw_partial, db_partial,
             x2d.stride(0), dy.stride(0), dx.stride(0), dw_partial.stride(0), m, n,
@@ -397,7 +382,7 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str 
 
     if which not in KERNELS:
         raise ValueError(f"which must be one of {sorted(KERNELS)}, got {which!r}")
-    ty = _TRITON_TYPES[dtype]
+    ty = device.TRITON_TYPES[dtype]
     code = KERNELS[which].fn.__code__
     # Row data in the tensors' own type; statistics and partial sums are always fp32.
     signature = {name: (f"*{ty}" if name in _ROW_DATA else "*fp32" if name.endswith("_ptr") else

@@ -89,7 +89,6 @@ def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.cons
 
 
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_cols": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # The largest block a row gets by default. Past it a row spans several blocks (the online path).
 # On the CPU the interpreter's cost is per block operation, so big blocks are cheap; on a GPU a
 # block of 4096 fp32 values is 32 registers per thread at 4 warps, about what fits without spills.
@@ -111,18 +110,9 @@ def _check_input(x) -> None:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (rows x columns), got shape {tuple(x.shape)}")
-    if x.dtype not in _TRITON_TYPES:
-        raise ValueError(f"dtype {x.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
     if x.shape[1] > 1 and x.stride(1) != 1:
         raise ValueError(f"x needs a contiguous last dimension (strides {x.stride()}); call .contiguous()")
-    if device.interpreting():
-        if x.dtype == torch.bfloat16:
-            raise ValueError("bfloat16 is not checked under the Triton interpreter (NumPy has no bfloat16); "
-                             "use float16 or float32 on the CPU, bfloat16 on a GPU")
-        if x.is_cuda:
-            raise ValueError("the Triton interpreter is on, so the kernel runs on the CPU: pass a CPU tensor")
-    elif not x.is_cuda:
-        raise ValueError(f"x is on {x.device}, but Triton compiles for the GPU: move it to 'cuda'")
+    device.check_kernel_tensor(x, "x is")
 
 
 def softmax(x: torch.Tensor, *, kernel=None, block_n: int | None = None) -> torch.Tensor:
@@ -136,12 +126,7 @@ def softmax(x: torch.Tensor, *, kernel=None, block_n: int | None = None) -> torc
     block = default_block(n_cols, x.is_cuda) if block_n is None else block_n
     if block < 16 or block & (block - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block}")
-    if x.is_cuda:
-        y = torch.empty((n_rows, n_cols), device=x.device, dtype=x.dtype)
-    else:
-        # NaN everywhere: a row the kernel never writes fails the comparison instead of passing
-        # on whatever the allocator left there.
-        y = checks.poisoned_empty((n_rows, n_cols), dtype=x.dtype)
+    y = checks.output_buffer((n_rows, n_cols), x.dtype, x)
     if n_rows == 0 or n_cols == 0:
         return y
     (kernel or _softmax_kernel)[(n_rows,)](
@@ -171,7 +156,7 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, block_n: int =
     """
     from fastdl_lab import triton_aot
 
-    ty = _TRITON_TYPES[dtype]
+    ty = device.TRITON_TYPES[dtype]
     signature = {**SIGNATURE, "x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
     return triton_aot.compile_to_ptx(kernel or _softmax_kernel, signature, {"BLOCK_N": block_n},
                                      capability=capability, num_warps=num_warps_for(block_n),

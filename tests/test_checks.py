@@ -201,3 +201,9 @@ def test_assert_no_alias():
     checks.assert_no_alias(a + b, [a, b])
     with pytest.raises(AssertionError, match="out aliases input #1"):
         checks.assert_no_alias(b[1:], [a, b, 3], name="out")
+
+
+def test_output_buffer_is_poisoned_on_the_cpu():
+    like = torch.zeros(3)
+    out = checks.output_buffer((2, 5), torch.float16, like)
+    assert out.shape == (2, 5) and out.dtype == torch.float16 and bool(out.isnan().all())

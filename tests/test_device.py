@@ -101,3 +101,13 @@ def test_describe_summarises_the_machine():
     assert info.name in text and info.torch_version in text
     assert "interpreter ON" in text or not device.interpreting()
     assert device.profile_name() in text
+
+
+def test_kernel_tensor_gate_names_the_problem():
+    assert device.interpreting()
+    device.check_kernel_tensor(torch.zeros(2, dtype=torch.float16))
+    with pytest.raises(ValueError, match="not supported"):
+        device.check_kernel_tensor(torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="bfloat16"):
+        device.check_kernel_tensor(torch.zeros(2, dtype=torch.bfloat16))
+    assert device.TRITON_TYPES[torch.float32] == "fp32"

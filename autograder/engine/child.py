@@ -36,7 +36,7 @@ def _serve(call, control_fd: int, reply_fd: int) -> object:
     result = None
     with os.fdopen(control_fd, "rb", buffering=0) as control, os.fdopen(reply_fd, "wb", buffering=0) as reply:
         reply.write(b"r")  # ready: set-up (imports, compilation of the student's cells) is done
-        while (request := control.read(1)) == b"c":
+        while control.read(1) == b"c":
             result = call()
             sync()
             reply.write(b"d")

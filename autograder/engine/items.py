@@ -71,10 +71,6 @@ class LabSpec:
                 return it
         raise KeyError(f"lab {self.name} has no item {name!r}")
 
-    @property
-    def max_points(self) -> float:
-        return sum(it.points for it in self.items)
-
 
 def _module_name(lab: str) -> str:
     return "lab" + lab

@@ -29,7 +29,7 @@ def require_tensor(value, name: str) -> None:
         raise AssertionError(f"{name}: expected a tensor, got {type(value).__name__}")
 
 
-def first_line(exc: AssertionError) -> str:
+def failure_text(exc: AssertionError) -> str:
     report = getattr(exc, "report", None) or str(exc)
     return report.strip()[:600]
 
@@ -41,7 +41,7 @@ def per_case(labels: list[str], check_one) -> Verdict:
         try:
             check_one(i)
         except AssertionError as exc:
-            message = first_line(exc)
+            message = failure_text(exc)
             failures.append(message if label in message else f"{label}: {message}")
     passed = len(labels) - len(failures)
     if not failures:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import torch
 
+from fastdl_lab import checks
 from fastdl_lab import device  # noqa: F401  (before triton: the interpreter is on without a GPU)
 
 import triton
 import triton.language as tl
 
-from fastdl_lab.attention.forward import empty_output
+
 
 
 @triton.jit
@@ -146,10 +147,10 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
 def launch_backward(kernels, q, k, v, o, lse, do, causal: bool, scale: float, config: dict):
     """dq, dk, dv for (Z, N, D) tensors with one layout (``kernels`` maps the backward keys to kernels)."""
     z, n, d = q.shape
-    dq, dk, dv = (empty_output((z, n, d), q.dtype, q) for _ in range(3))
+    dq, dk, dv = (checks.output_buffer((z, n, d), q.dtype, q) for _ in range(3))
     if not (z and n):
         return dq, dk, dv
-    delta = empty_output((z, n), torch.float32, q)
+    delta = checks.output_buffer((z, n), torch.float32, q)
     bm, bn = config["bwd_block_m"], config["bwd_block_n"]
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     kernels["bwd_preprocess"][(triton.cdiv(n, bm), z)](o, do, delta, q.stride(0), q.stride(1), n,

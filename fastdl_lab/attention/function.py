@@ -26,7 +26,6 @@ BWD_KEYS = ("bwd_preprocess", "bwd_dkdv", "bwd_dq")
 # tl.dot needs every dimension to be a power of two of at least 16; past 128 the q tile and the
 # accumulator no longer fit a GPU's registers next to the k and v tiles.
 HEAD_DIMS = (16, 32, 64, 128)
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def default_config(head_dim: int, dtype: torch.dtype, on_gpu: bool, block_m: int | None = None,
@@ -68,16 +67,7 @@ def _validate(q, k, v, causal, scale, kernels, block_m, block_n) -> None:
                              "the same batch, heads, tokens and head_dim for q, k and v")
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} not supported; use one of {HEAD_DIMS}")
-    if q.dtype not in _TRITON_TYPES:
-        raise ValueError(f"dtype {q.dtype} not supported; use float16, float32 or (on a GPU) bfloat16")
-    if device.interpreting():
-        if q.dtype == torch.bfloat16:
-            raise ValueError("bfloat16 tl.dot is wrong under the Triton interpreter (it multiplies raw bit "
-                             "patterns); use float16 or float32 on the CPU, bfloat16 on a GPU")
-        if q.is_cuda:
-            raise ValueError("the Triton interpreter is on, so the kernels run on the CPU: pass CPU tensors")
-    elif not q.is_cuda:
-        raise ValueError(f"tensors are on {q.device}, but Triton compiles for the GPU: move them to 'cuda'")
+    device.check_kernel_tensor(q, "q, k and v are")
     # By equality: 0 / 1 and NumPy booleans pass, a string or None does not.
     if causal not in (True, False):
         raise TypeError(f"causal must be True or False, got {causal!r}")
@@ -264,7 +254,7 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str 
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     config = default_config(head_dim, dtype, True, block_m, block_n)
-    ty = _TRITON_TYPES[dtype]
+    ty = device.TRITON_TYPES[dtype]
     code = KERNELS[which].fn.__code__
     names = code.co_varnames[: code.co_argcount]
     signature = {name: ("*fp32" if name in _PER_ROW else f"*{ty}" if name.endswith("_ptr") else
