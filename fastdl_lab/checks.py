@@ -175,6 +175,40 @@ def assert_low_precision_close(actual, reference_fp32: torch.Tensor, torch_lowp:
 
 
 # --------------------------------------------------------------------------------------------
+# TF32: what tensor cores do to fp32 operands
+
+
+def truncate_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (fp32) with the 13 low mantissa bits cleared: the 10-bit mantissa a TF32 unit reads.
+
+    Tensor cores read fp32 operands of a TF32 product this way unless the code rounds them first,
+    so a kernel that rounds to nearest is at least as accurate as this emulation.
+    """
+    if t.dtype != torch.float32:
+        raise TypeError(f"TF32 emulation takes float32, got {t.dtype}")
+    return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def _exact_fp32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch.matmul(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` as a TF32 tensor core computes it (truncated operands, fp32 accumulation): the
+    like-for-like baseline of an fp32 ``tl.dot`` on a GPU.
+
+    PyTorch's own TF32 path is no such baseline: cuBLAS keeps small or thin products in true fp32,
+    which would hold a kernel to an accuracy that TF32 cannot have.
+    """
+    return _exact_fp32_matmul(truncate_to_tf32(a), truncate_to_tf32(b))
+
+
+# --------------------------------------------------------------------------------------------
 # Seeded inputs
 
 

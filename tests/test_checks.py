@@ -207,3 +207,20 @@ def test_output_buffer_is_poisoned_on_the_cpu():
     like = torch.zeros(3)
     out = checks.output_buffer((2, 5), torch.float16, like)
     assert out.shape == (2, 5) and out.dtype == torch.float16 and bool(out.isnan().all())
+
+
+def test_tf32_truncation_keeps_ten_mantissa_bits():
+    x = checks.randn(1000, seed=3)
+    t = checks.truncate_to_tf32(x)
+    assert (t.view(torch.int32) & 0x1FFF).eq(0).all()
+    rel = ((x - t).abs() / x.abs()).max()
+    assert 0 < rel < 2.0 ** -10
+
+
+def test_tf32_matmul_error_sits_between_fp32_and_bf16():
+    a, b = checks.randn(64, 200, seed=4), checks.randn(200, 48, seed=5)
+    exact = a.double() @ b.double()
+    err = lambda c: float((c.double() - exact).abs().max())  # noqa: E731
+    fp32, tf32 = err(a @ b), err(checks.tf32_matmul(a, b))
+    bf16 = err((a.bfloat16() @ b.bfloat16()).float())
+    assert fp32 < tf32 < bf16

@@ -4,7 +4,6 @@ configuration, the ``torch.autograd.Function``, the correctness rules, and PTX f
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 
@@ -15,7 +14,7 @@ from fastdl_lab import checks, device
 from fastdl_lab.attention.backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel,
                                            launch_backward)
 from fastdl_lab.attention.forward import _attn_fwd_kernel, launch_forward
-from fastdl_lab.attention.reference import attention_ref
+from fastdl_lab.attention.reference import _scale, attention_ref, causal_mask
 
 KERNELS = {"fwd": _attn_fwd_kernel, "bwd_preprocess": _attn_bwd_preprocess_kernel,
            "bwd_dkdv": _attn_bwd_dkdv_kernel, "bwd_dq": _attn_bwd_dq_kernel}
@@ -134,23 +133,42 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     return (function or FlashAttentionFunction).apply(q, k, v, bool(causal), sm_scale, chosen, config)
 
 
-@contextlib.contextmanager
-def _tf32_matmuls():
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+def _probs_tf32(q, k, causal, scale):
+    scores = checks.tf32_matmul(q, k.transpose(-2, -1)) * _scale(q.shape[-1], scale)
+    if causal:
+        scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def _attention_tf32(q, k, v, causal, scale):
+    """``attention_ref`` with both products as TF32 tensor cores compute them."""
+    return checks.tf32_matmul(_probs_tf32(q, k, causal, scale), v)
+
+
+def _flash_grads_tf32(q, k, v, do, causal, scale):
+    """dq, dk, dv by the FlashAttention backward's arithmetic with TF32 products.
+
+    The backward takes delta = rowsum(dO * O) from the output rather than from dP: with TF32
+    products the two differ by TF32 rounding, so where the exact gradient cancels to 0 (one key)
+    every kernel built this way is left with that rounding, and so is this baseline.
+    """
+    tau = _scale(q.shape[-1], scale)
+    p = _probs_tf32(q, k, causal, scale)
+    o = checks.tf32_matmul(p, v)
+    dv = checks.tf32_matmul(p.transpose(-2, -1), do)
+    dp = checks.tf32_matmul(do, v.transpose(-2, -1))
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    return (checks.tf32_matmul(ds, k) * tau, checks.tf32_matmul(ds.transpose(-2, -1), q) * tau, dv)
 
 
 def _torch_attention(q, k, v, causal, scale):
     """PyTorch's own attention in the precision a kernel on these inputs works in."""
     if q.dtype == torch.float32:
-        # On a GPU tl.dot takes fp32 operands through TF32 tensor cores; PyTorch's TF32 matmuls
-        # are the like-for-like baseline there (the flag changes nothing on the CPU).
-        with _tf32_matmuls():
-            return attention_ref(q, k, v, causal=causal, scale=scale)
+        # On a GPU tl.dot takes fp32 operands through TF32 tensor cores: the baseline is attention
+        # with TF32 products. On the CPU the interpreter's tl.dot is true fp32, and so is the baseline.
+        if q.is_cuda:
+            return _attention_tf32(q, k, v, causal, scale)
+        return attention_ref(q, k, v, causal=causal, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
@@ -187,8 +205,8 @@ def check_attention(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 
     Passes within fp32 tolerances of the fp64 reference; otherwise ``out`` must be no worse than
     twice PyTorch's own error in q's precision, both against fp64: ``F.scaled_dot_product_attention``
-    for fp16 and bf16, ``attention_ref`` for fp32 (with TF32 matmuls on a GPU, where ``tl.dot``
-    uses TF32 tensor cores for fp32).
+    for fp16 and bf16, ``attention_ref`` for fp32 (with emulated TF32 products on a GPU, where
+    ``tl.dot`` uses TF32 tensor cores for fp32).
     """
     exact = attention_ref(q.double(), k.double(), v.double(), causal=causal, scale=scale)
     atol, rtol = checks.tolerance(torch.float32)
@@ -209,7 +227,8 @@ def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     of dP, so |dq| <= 2 scale max|dP| max|k| and |dk| <= 2 scale max|dP| max|q| times the column
     sums of P. The bound matters where the exact gradient is 0 by cancellation (with one key, dq
     and dk are dP - delta = 0, which a kernel computes as a difference of two rounded sums).
-    PyTorch's own gradients are the autograd gradients of the attention ``check_attention`` uses.
+    PyTorch's own gradients are the autograd gradients of the attention ``check_attention`` uses;
+    for fp32 on a GPU, the FlashAttention backward with TF32 products (``_flash_grads_tf32``).
     """
     exact = _attention_grads(lambda *t: attention_ref(*t, causal=causal, scale=scale),
                              q.double(), k.double(), v.double(), do.double())
@@ -220,7 +239,9 @@ def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     def torch_grad(i):
         if not torch_grads:
-            with _tf32_matmuls():
+            if q.dtype == torch.float32 and q.is_cuda:
+                torch_grads.extend(_flash_grads_tf32(q, k, v, do, causal, scale))
+            else:
                 torch_grads.extend(_attention_grads(lambda *t: _torch_attention(*t, causal, scale), q, k, v, do))
         return torch_grads[i]
 
