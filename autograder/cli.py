@@ -51,7 +51,8 @@ def cmd_autograde(args) -> int:
     course = _course(args)
     lab = load_lab(args.lab)
     summary = pipeline.autograde(course, lab, profile=profiles.load(args.profile), seed=_seed(args),
-                                 students=args.student or None, cell_timeout=args.cell_timeout)
+                                 students=args.student or None, cell_timeout=args.cell_timeout,
+                                 isolated=not args.unsafe_no_isolation)
     rows = [r for r in pipeline.report_rows(course) if r["lab"] == lab.name and r["student"] in summary.students]
     print(format_table(rows))
     _print_failures(summary.failures)
@@ -85,7 +86,8 @@ def cmd_demo(args) -> int:
     for lab in labs:
         students = demo_students(course, lab)
         spec = load_lab(lab)
-        summary = pipeline.autograde(course, spec, profile=profiles.load(args.profile), seed=_seed(args), students=students)
+        summary = pipeline.autograde(course, spec, profile=profiles.load(args.profile), seed=_seed(args),
+                                     students=students, isolated=not args.unsafe_no_isolation)
         failures += summary.failures
         timings.append(f"{lab}: " + ", ".join(f"{s} {t:.0f} s" for s, t in summary.seconds.items()))
         failures += pipeline.feedback(course, spec, students)
@@ -110,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     grading = argparse.ArgumentParser(add_help=False)
     grading.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
     grading.add_argument("--seed", type=int, help="reuse a recorded seed to regrade identically (default: secret, fresh)")
+    grading.add_argument("--unsafe-no-isolation", action="store_true",
+                         help="grade where student code cannot be isolated (no bubblewrap or user namespaces); "
+                              "every row of the report says so")
 
     s = sub.add_parser("autograde", parents=[grading], help="nbgrader autograde, then the trusted engine")
     s.add_argument("lab")
@@ -133,8 +138,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autograder.engine.bwrap import IsolationUnavailable
+
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except IsolationUnavailable as exc:
+        print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n"
+              "Install bubblewrap (apt-get install bubblewrap; `make demo` does it), or pass "
+              "--unsafe-no-isolation to grade anyway with every row marked unsafe.", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplemente
 c.Execute.timeout = {timeout}
 c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
+# The student's notebook is student code: its kernel starts in the grader's sandbox.
+c.Execute.kernel_manager_class = "autograder.engine.kernel_jail.JailedKernelManager"
 # A test cell a student deleted comes back from the source; the trusted engine still costs it.
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False

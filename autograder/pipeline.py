@@ -18,7 +18,8 @@ from pathlib import Path
 
 from autograder import gradebook, records
 from autograder.course import Course
-from autograder.engine.grade import grade_submission
+from autograder.engine import bwrap, kernel_jail
+from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import LabSpec
 from autograder.engine.sandbox import Limits, run_sandboxed
 
@@ -33,18 +34,28 @@ class LabSummary:
     seconds: dict[str, float] = field(default_factory=dict)  # per student: nbgrader plus engine
 
 
-# nbgrader executes the student's notebook in a kernel of its own: it runs inside the same kind
-# of sandbox as the engine's children, so a fork bomb, a memory hog or a process left behind in
-# the notebook cannot outlive the run or reach the network (loopback stays up for the kernel).
+# nbgrader executes the student's notebook in a kernel of its own, which starts in the sandbox
+# (kernel_jail). nbgrader itself runs under these limits in a private network namespace, which
+# the kernel shares (loopback stays up between them): a fork bomb, a memory hog or a process
+# left behind in the notebook cannot outlive the run or reach the network.
 NBGRADER_LIMITS = Limits(wall_s=1800, cpu_s=3600, memory_bytes=12 << 30, limit_address_space=False,
                          max_processes=48, output_bytes=4 << 20, loopback=True)
 
 
-def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: int | None) -> dict:
+def _nbgrader_env(course: Course, profile: dict, isolated: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env[kernel_jail.STUDENT_PACKAGE_VAR] = str(course.student_package)
+    env[kernel_jail.GPU_VAR] = "1" if profile.get("gpu") else "0"
+    if not isolated:
+        env[kernel_jail.UNSAFE_VAR] = "1"
+    return env
+
+
+def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: int | None, env: dict) -> dict:
     argv = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force"]
     if cell_timeout:
         argv.append(f"--Execute.timeout={cell_timeout}")
-    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(course.root), env=dict(os.environ))
+    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(course.root), env=env)
     message = ""
     if done.status not in ("ok", "error"):
         message = f"nbgrader autograde was stopped: {done.reason}"
@@ -55,18 +66,25 @@ def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: in
 
 
 def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,
-              students: list[str] | None = None, cell_timeout: int | None = None) -> LabSummary:
+              students: list[str] | None = None, cell_timeout: int | None = None,
+              isolated: bool = True) -> LabSummary:
+    """Grade ``lab`` for every student. ``isolated=False`` (``--unsafe-no-isolation``) runs student
+    code without the sandbox and says so in every reason; otherwise a machine that cannot isolate
+    raises ``bwrap.IsolationUnavailable`` before anything is graded."""
+    if isolated:
+        bwrap.check()
+    env = _nbgrader_env(course, profile, isolated)
     summary = LabSummary(lab.name)
     for student in students or course.students(lab.name):
         summary.students.append(student)
         started = time.monotonic()
-        nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout)
+        nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout, env)
         nb_run["seconds"] = round(time.monotonic() - started, 2)
         if nb_run["message"]:
             summary.failures.append(f"{student}: {nb_run['message']}")
         results = grade_submission(
-            lab, course.submitted(student, lab.name), release=course.release(lab.name), profile=profile, seed=seed,
-            student_package=course.student_package,
+            lab, course.submitted(student, lab.name), release=course.release(lab.name), profile=profile,
+            seed=student_seed(seed, lab.name, student), student_package=course.student_package, isolated=isolated,
         )
         items = [r.as_dict() for r in results]
         summary.seconds[student] = round(time.monotonic() - started, 1)

@@ -1,46 +1,170 @@
-"""Entry point of a sandboxed grading child: ``python -m autograder.engine.child WORKDIR``.
+"""Entry point of a sandboxed grading child: ``python -m autograder.engine.child /job``.
 
-The parent wrote ``job.json``, ``inputs.pt`` and one file per student cell into WORKDIR. This
-process executes the lab preamble and the cells (from real files, so ``inspect.getsource`` works
-for ``@triton.jit``), then either runs the item's ``drive`` once and saves ``outputs.pt``
-(mode "check"), or serves timing requests on a control pipe (mode "serve").
+The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus either
 
-Everything this process says is untrusted once student code has run: the parent verifies
-outputs against its own references and measures time itself.
+- ``kernels.py``: the student's ``@triton.jit`` functions and constants, extracted by the parent
+  (``kernels.py`` of the engine). No other student code exists in this process. Under the Triton
+  interpreter each kernel is compiled ahead of time for sm_90 before its first launch, which
+  proves its body is Triton and not Python in disguise; or
+- one file per solution cell, executed after the lab preamble (Python items). The instruments
+  the item names are bound before the cells run and checked afterwards: a replaced one ends the
+  run as ``tampered``.
+
+Then it runs the item's ``drive`` once (mode "check"), or times the item's candidate against its
+baseline with ``fastdl_lab.timing.compare`` (mode "speed"; only kernel items are timed, so only
+trusted Python runs while the clock does), and saves the outputs.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import traceback
 
+ERROR_CHARS = 2000
 
-def _exec_cells(job: dict, workdir: str) -> dict:
-    ns: dict = {"__name__": "__main__"}
+
+class Tampered(Exception):
+    """An instrument the grade rests on was replaced by the student's code."""
+
+
+class KernelNotCompiled(Exception):
+    """A student "kernel" that Triton's compiler rejects: Python posing as a kernel."""
+
+
+def _resolve(dotted: str):
+    """``a.b.C.m``: import the longest module prefix, then follow attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module in {dotted}")
+
+
+def _fingerprint(obj):
+    return obj, getattr(obj, "__code__", None), getattr(obj, "__defaults__", None)
+
+
+class _Instruments:
+    def __init__(self, names: tuple[str, ...]):
+        self.bound = {name: _fingerprint(_resolve(name)) for name in names}
+
+    def verify(self) -> None:
+        for name, (obj, code, defaults) in self.bound.items():
+            current = _resolve(name)
+            if current is not obj or _fingerprint(obj)[1:] != (code, defaults):
+                raise Tampered(f"the instrument {name} was replaced or modified by the submission")
+
+
+def _prove_kernels_compile(ns: dict) -> None:
+    """Compile each student kernel for sm_90 before the interpreter first runs its body."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from fastdl_lab import triton_aot
+
+    run, proven = InterpretedFunction.run, set()
+
+    def checked_run(self, *args, **kwargs):
+        if self.fn.__globals__ is ns and id(self) not in proven:
+            signature, constexprs = _launch_signature(self, args, kwargs)
+            try:
+                triton_aot.compile_to_ptx(self, signature, constexprs, capability=90,
+                                          num_warps=kwargs.get("num_warps", 4),
+                                          num_stages=kwargs.get("num_stages", 3))
+            except Exception as exc:  # noqa: BLE001 - whatever the compiler rejects
+                raise KernelNotCompiled(f"{self.fn.__name__} does not compile for sm_90, so it is not a "
+                                        f"Triton kernel: {type(exc).__name__}: {str(exc)[:300]}") from None
+            proven.add(id(self))
+        return run(self, *args, **kwargs)
+
+    InterpretedFunction.run = checked_run
+
+
+TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int32": "i32",
+                "int64": "i64", "int8": "i8", "uint8": "u8", "int16": "i16", "bool": "i1"}
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "grid", "warmup"}
+
+
+def _launch_signature(kernel, args, kwargs) -> tuple[dict, dict]:
+    """The compiler's view of one launch: a Triton type per runtime argument, constexpr values."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    # The interpreter's function object does not parse its parameters; a compiler-side twin does.
+    params = JITFunction(kernel.fn).params
+    values = {p.name: p.default for p in params if p.has_default}
+    values.update(zip((p.name for p in params), args))
+    values.update({k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+    signature, constexprs = {}, {}
+    for param in params:
+        value = values.get(param.name)
+        if param.is_constexpr or value is None:
+            constexprs[param.name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + TRITON_TYPES[str(value.dtype).removeprefix("torch.")]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise KernelNotCompiled(f"argument {param.name} of {kernel.fn.__name__} has a type no kernel "
+                                    f"takes: {type(value).__name__}")
+    return signature, constexprs
+
+
+def _exec_file(path: str, ns: dict) -> None:
+    with open(path) as f:
+        source = f.read()
+    exec(compile(source, path, "exec"), ns)
+
+
+def _namespace(job: dict, workdir: str) -> dict:
+    if job["role"] != "candidate":
+        return {}
+    if job.get("kernel_module"):
+        ns: dict = {"__name__": "student_kernels"}
+        _exec_file(os.path.join(workdir, job["kernel_module"]), ns)
+        from fastdl_lab import device
+
+        if device.interpreting():
+            _prove_kernels_compile(ns)
+        return ns
+    ns = {"__name__": "__main__"}
     exec(compile(job["preamble"], os.path.join(workdir, "preamble.py"), "exec"), ns)
     for cell in job["cells"]:
-        path = os.path.join(workdir, cell["file"])
-        with open(path) as f:
-            source = f.read()
-        exec(compile(source, path, "exec"), ns)
+        _exec_file(os.path.join(workdir, cell["file"]), ns)
     return ns
 
 
-def _serve(call, control_fd: int, reply_fd: int) -> object:
-    """Run ``call`` once per request byte; answer after the device is idle again."""
-    from fastdl_lab import device
+def _timed(item, ns: dict, inputs: dict, params: dict) -> dict:
+    from fastdl_lab import timing
 
-    sync = device.synchronize  # bound before the first request, like the call itself
-    result = None
-    with os.fdopen(control_fd, "rb", buffering=0) as control, os.fdopen(reply_fd, "wb", buffering=0) as reply:
-        reply.write(b"r")  # ready: set-up (imports, compilation of the student's cells) is done
-        while control.read(1) == b"c":
-            result = call()
-            sync()
-            reply.write(b"d")
-    return result
+    candidate, baseline = item.timed(ns, inputs), item.baseline(inputs)
+    result = {}
+
+    def run_candidate():
+        result["outputs"] = candidate()
+
+    cmp = timing.compare(run_candidate, baseline, warmup=int(params.get("warmup", 3)),
+                         reps=int(params.get("reps", 15)), seed=int(params.get("order_seed", 0)))
+    return {"outputs": result["outputs"], "candidate_s": list(cmp.candidate.samples),
+            "baseline_s": list(cmp.baseline.samples)}
+
+
+def _write_error(workdir: str, status: str, exc: BaseException) -> None:
+    summary = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+    with open(os.path.join(workdir, "error.json"), "w") as f:
+        json.dump({"status": status, "error": summary, "traceback": traceback.format_exc()[-4000:]}, f)
+    print(summary, file=sys.stderr)
 
 
 def main(workdir: str) -> int:
@@ -52,18 +176,19 @@ def main(workdir: str) -> int:
 
     item = load_lab(job["lab"]).item(job["item"])
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
+    instruments = _Instruments(tuple(job.get("instruments", ())))
     try:
-        ns = _exec_cells(job, workdir) if job["role"] == "candidate" else {}
-        if job["mode"] == "check":
-            outputs = item.drive(ns, inputs)
-        else:
-            call = item.timed(ns, inputs) if job["role"] == "candidate" else item.baseline(inputs)
-            outputs = _serve(call, job["control_fd"], job["reply_fd"])
+        ns = _namespace(job, workdir)
+        outputs = item.drive(ns, inputs) if job["mode"] == "check" else _timed(item, ns, inputs, job["params"])
+        instruments.verify()
+    except Tampered as exc:
+        _write_error(workdir, "tampered", exc)
+        return 3
+    except KernelNotCompiled as exc:
+        _write_error(workdir, "not_a_kernel", exc)
+        return 3
     except BaseException as exc:  # noqa: BLE001 - every failure of student code is reported
-        summary = f"{type(exc).__name__}: {exc}"[:2000]
-        with open(os.path.join(workdir, "error.json"), "w") as f:
-            json.dump({"error": summary, "traceback": traceback.format_exc()[-4000:]}, f)
-        print(summary, file=sys.stderr)
+        _write_error(workdir, "error", exc)
         return 3
     torch.save(outputs, os.path.join(workdir, "outputs.pt"))
     return 0

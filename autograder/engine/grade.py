@@ -1,20 +1,22 @@
 """The trusted grading engine: one submission of one lab in, one verdict per item out.
 
-This process never imports or executes student code. Each item's solution cells run in a fresh
-sandboxed child (``child.py``); inputs come from a secret seed; the item's ``check`` compares the
-child's outputs with references computed here; speed items are timed from here.
+This process never imports or executes student code. Each item runs in a fresh sandboxed child
+(``child.py``, isolated by ``bwrap.py``): a kernel item gets only the student's ``@triton.jit``
+functions, extracted here by AST (``kernels.py``); a Python item gets its solution cells. Inputs
+come from a secret seed per student; the item's ``check`` compares the child's outputs, read back
+as capped regular files, with references computed here; speed items are timed inside a kernel
+child, where no student Python runs, by ``fastdl_lab.timing``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import random
-import shutil
+import stat
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,11 +24,20 @@ from statistics import median
 
 import torch
 
+import autograder
 from autograder import notebook, profiles
+from autograder.engine import bwrap, kernels
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
+UNISOLATED = "UNSAFE, graded without isolation (--unsafe-no-isolation): "
+REASON_CHARS = 300
+OUTPUTS_CAP = 2 << 30
+ERROR_CAP = 64 << 10
+# Where the student copy of the package and the grader's driver code appear inside the sandbox.
+STUDENT_DIR = "/opt/fastdl/student"
+GRADER_DIR = "/opt/fastdl/grader"
 
 
 @dataclass
@@ -34,7 +45,7 @@ class ItemResult:
     item: str
     score: float
     max_score: float
-    status: str  # passed | partial | failed | error | timeout | crashed | memory | output | ... | needs_gpu
+    status: str  # passed | partial | failed | error | timeout | crashed | memory | output | tampered | ...
     reason: str
     counted: bool = True  # False: visibly left out of the total (needs a GPU on this profile)
     wall_s: float = 0.0
@@ -44,24 +55,45 @@ class ItemResult:
         return asdict(self)
 
 
-def item_seed(seed: int, item: str) -> int:
-    digest = hashlib.sha256(f"{seed}:{item}".encode()).digest()
+@dataclass
+class Sandbox:
+    """How children run: isolated (the default), or not at all when the instructor insists."""
+
+    student_package: Path
+    profile: dict
+    isolated: bool = True
+
+
+def _digest(*parts) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _child_env(workdir: str, student_package: Path, profile: dict) -> dict[str, str]:
+def student_seed(seed: int, lab: str, student: str) -> int:
+    """Every student's hidden inputs differ; the batch seed regrades them all identically."""
+    return _digest(seed, lab, student)
+
+
+def item_seed(seed: int, item: str) -> int:
+    return _digest(seed, item)
+
+
+def _child_env(sandbox: Sandbox, workdir: str) -> dict[str, str]:
+    inside = sandbox.isolated
+    job = bwrap.JOB if inside else workdir
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": workdir,
-        "PYTHONPATH": str(student_package),
+        "HOME": job,
+        "PYTHONPATH": f"{STUDENT_DIR}:{GRADER_DIR}" if inside else
+                      f"{sandbox.student_package}:{Path(autograder.__file__).parent.parent}",
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
         "MPLBACKEND": "Agg",
-        "OMP_NUM_THREADS": str(profile.get("threads", 1)),
-        "TRITON_CACHE_DIR": os.path.join(workdir, "triton-cache"),
-        "TMPDIR": workdir,
+        "OMP_NUM_THREADS": str(sandbox.profile.get("threads", 1)),
+        "TRITON_CACHE_DIR": os.path.join(job, "triton-cache"),
+        "TMPDIR": "/tmp" if inside else workdir,
     }
-    if not profile.get("gpu"):
+    if not sandbox.profile.get("gpu"):
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     for var in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
@@ -70,67 +102,120 @@ def _child_env(workdir: str, student_package: Path, profile: dict) -> dict[str, 
     return env
 
 
+def read_regular(path: str, cap: int) -> bytes:
+    """A file a child wrote, read without following links or blocking, at most ``cap`` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > cap:
+            raise ValueError(f"larger than {cap >> 20} MiB")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise ValueError(f"larger than {cap >> 20} MiB")
+    return data
+
+
+def cap_reason(text: str) -> str:
+    text = text.replace("\x00", "")
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
+
+
 class _Workdir:
-    """A private directory holding one child's job, inputs and outputs."""
+    """A private directory, owned by the sandboxed uid, holding one child's job and results."""
 
-    def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, role: str, mode: str):
+    def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
+                 params: dict):
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-")
-        files = []
-        for i, cell_id in enumerate(item.cells if role == "candidate" else ()):
-            name = f"cell_{i}_{cell_id}.py"
-            Path(self.path, name).write_text(cells[cell_id])
-            files.append({"id": cell_id, "file": name})
-        self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": files, "role": role, "mode": mode}
+        self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "role": "candidate",
+                    "mode": mode, "params": params, "instruments": list(item.instruments)}
+        if item.kernels:
+            # Only the jit functions and constants of the cells reach the child.
+            source = kernels.extract([cells[c] for c in item.cells], item.kernels)
+            Path(self.path, "kernels.py").write_text(source)
+            self.job["kernel_module"] = "kernels.py"
+        else:
+            for i, cell_id in enumerate(item.cells):
+                name = f"cell_{i}_{cell_id}.py"
+                Path(self.path, name).write_text(cells[cell_id])
+                self.job["cells"].append({"id": cell_id, "file": name})
+        Path(self.path, "job.json").write_text(json.dumps(self.job))
         torch.save(inputs, os.path.join(self.path, "inputs.pt"))
+        bwrap.prepare_workdir(self.path)
 
-    def write_job(self, **extra) -> None:
-        Path(self.path, "job.json").write_text(json.dumps({**self.job, **extra}))
-
-    def error(self) -> str | None:
-        path = Path(self.path, "error.json")
-        if not path.exists():
+    def error(self) -> tuple[str, str] | None:
+        """(status, message) the child reported, or None."""
+        path = os.path.join(self.path, "error.json")
+        if not os.path.lexists(path):
             return None
         try:
-            return json.loads(path.read_text())["error"]
-        except (ValueError, KeyError, TypeError):
-            return "the child reported an error it could not describe"
+            report = json.loads(read_regular(path, ERROR_CAP))
+            status = report.get("status", "error")
+            return (status if status in ("error", "tampered", "not_a_kernel") else "error"), str(report["error"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return "error", "the child reported an error it could not describe"
 
     def outputs(self):
-        return torch.load(os.path.join(self.path, "outputs.pt"), weights_only=True)
+        data = read_regular(os.path.join(self.path, "outputs.pt"), OUTPUTS_CAP)
+        return torch.load(io.BytesIO(data), weights_only=True)
 
     def remove(self) -> None:
+        import shutil
+
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _run_child(work: _Workdir, limits: Limits, env: dict, pass_fds: tuple[int, ...] = ()) -> ChildResult:
-    argv = [sys.executable, "-m", "autograder.engine.child", work.path]
-    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, pass_fds=pass_fds)
+def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox) -> ChildResult:
+    env = _child_env(sandbox, work.path)
+    if not sandbox.isolated:
+        argv = [sys.executable, "-m", "autograder.engine.child", work.path]
+        return run_sandboxed(argv, limits=limits, cwd=work.path, env=env)
+    view = bwrap.View(work.path, read_only={str(sandbox.student_package): STUDENT_DIR,
+                                            str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"},
+                      gpu=bool(sandbox.profile.get("gpu")))
+    argv = [sys.executable, "-m", "autograder.engine.child", bwrap.JOB]
+    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view)
 
 
 def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:
+    reported = work.error() if result.status == "error" else None
+    if reported:
+        status, message = reported
+        if status == "error":
+            message = f"your code raised {message}"
+        return ItemResult(item.name, 0.0, item.points, status, cap_reason(message))
+    reason = result.reason
     if result.status == "error":
-        message = work.error() or f"{result.reason}: {result.output_tail[-300:].strip()}"
-        return ItemResult(item.name, 0.0, item.points, "error", f"your code raised {message}")
-    return ItemResult(item.name, 0.0, item.points, result.status, result.reason, details={"output_tail": result.output_tail[-1000:]})
+        reason = f"{result.reason}: {result.output_tail[-200:].strip()}"
+    return ItemResult(item.name, 0.0, item.points, result.status, cap_reason(reason),
+                      details={"output_tail": result.output_tail[-1000:]})
 
 
-def _judge(item: Item, inputs: dict, work: _Workdir, params: dict) -> Verdict:
-    try:
-        outputs = work.outputs()
-    except FileNotFoundError:
-        return Verdict.failed("the code exited without producing outputs (sys.exit or os._exit in a solution cell?)")
-    except Exception as exc:  # noqa: BLE001 - a hostile file may fail to load in many ways
-        return Verdict.failed(f"outputs could not be read: {type(exc).__name__}")
+def _judge(item: Item, inputs: dict, outputs, params: dict) -> Verdict:
     try:
         return item.check(inputs, outputs, params)
     except Exception as exc:  # noqa: BLE001 - outputs of the wrong type or shape end here
-        return Verdict.failed(f"outputs have the wrong form: {type(exc).__name__}: {exc}"[:500])
+        return Verdict.failed(f"outputs have the wrong form: {type(exc).__name__}: {exc}")
+
+
+def _read_outputs(work: _Workdir):
+    try:
+        return work.outputs(), None
+    except FileNotFoundError:
+        return None, Verdict.failed("the code exited without producing outputs (sys.exit or os._exit in a solution cell?)")
+    except Exception as exc:  # noqa: BLE001 - a hostile file may fail to load in many ways
+        return None, Verdict.failed(f"outputs could not be read: {type(exc).__name__}: {exc}")
 
 
 def _from_verdict(item: Item, verdict: Verdict, wall_s: float) -> ItemResult:
     fraction = min(1.0, max(0.0, float(verdict.fraction)))
     status = "passed" if fraction == 1.0 else "partial" if fraction > 0 else "failed"
-    return ItemResult(item.name, round(item.points * fraction, 4), item.points, status, verdict.reason, True, wall_s, verdict.details)
+    return ItemResult(item.name, round(item.points * fraction, 4), item.points, status, cap_reason(verdict.reason),
+                      True, wall_s, verdict.details)
 
 
 def _item_limits(item: Item, profile: dict) -> Limits:
@@ -142,109 +227,53 @@ def _item_limits(item: Item, profile: dict) -> Limits:
     return limits
 
 
-def _grade_correctness(lab, item, cells, seed, profile, student_package) -> ItemResult:
-    params = profiles.item_params(profile, lab.name, item.name)
+def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sandbox: Sandbox) -> ItemResult:
+    params = profiles.item_params(sandbox.profile, lab.name, item.name)
     inputs = item.make_inputs(item_seed(seed, item.name), params)
-    work = _Workdir(lab, item, cells, inputs, role="candidate", mode="check")
+    mode = "speed" if item.is_speed else "check"
+    if mode == "speed":
+        params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
     try:
-        work.write_job()
-        env = _child_env(work.path, student_package, profile)
-        result = _run_child(work, _item_limits(item, profile), env)
+        work = _Workdir(lab, item, cells, inputs, mode=mode, params=params)
+    except kernels.KernelRejected as exc:
+        return ItemResult(item.name, 0.0, item.points, "not_a_kernel", cap_reason(str(exc)))
+    try:
+        result = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
         if not result.ok:
             return _failure(item, result, work)
-        return _from_verdict(item, _judge(item, inputs, work, params), result.wall_s)
+        outputs, unreadable = _read_outputs(work)
+        if unreadable:
+            return _from_verdict(item, unreadable, result.wall_s)
+        if mode == "check":
+            return _from_verdict(item, _judge(item, inputs, outputs, params), result.wall_s)
+        return _speed_result(item, inputs, outputs, params, sandbox.profile)
     finally:
         work.remove()
 
 
-def _read_byte(fd: int, deadline: float) -> bytes:
-    import select
-
-    remaining = deadline - time.monotonic()
-    if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-        return b""
-    return os.read(fd, 1)
-
-
-def _grade_speed(lab, item, cells, seed, profile, student_package) -> ItemResult:
-    """Candidate and baseline each serve calls in their own child; this process times both."""
-    params = profiles.item_params(profile, lab.name, item.name)
-    inputs = item.make_inputs(item_seed(seed, item.name), params)
-    limits = _item_limits(item, profile)
-    children, threads, results = {}, [], {}
-    for role in ("candidate", "baseline"):
-        control_r, control_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        work = _Workdir(lab, item, cells, inputs, role=role, mode="serve")
-        work.write_job(control_fd=control_r, reply_fd=reply_w)
-        env = _child_env(work.path, student_package, profile)
-
-        def run(role=role, work=work, fds=(control_r, reply_w)):
-            results[role] = _run_child(work, limits, env, pass_fds=fds)
-            for fd in fds:
-                os.close(fd)
-
-        children[role] = (work, control_w, reply_r)
-        threads.append(threading.Thread(target=run, daemon=True))
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + limits.wall_s
-    samples = {"candidate": [], "baseline": []}
-    problem = None
+def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict) -> ItemResult:
     try:
-        for role, (_, _, reply_r) in children.items():
-            if _read_byte(reply_r, deadline) != b"r":
-                problem = role
-                break
-        warmup, reps = int(params.get("warmup", 3)), int(params.get("reps", 15))
-        order = random.Random(item_seed(seed, "order"))
-        for rep in range(warmup + reps if problem is None else 0):
-            pair = ["candidate", "baseline"]
-            order.shuffle(pair)
-            for role in pair:
-                _, control_w, reply_r = children[role]
-                start = time.perf_counter()
-                os.write(control_w, b"c")
-                if _read_byte(reply_r, deadline) != b"d":
-                    problem = role
-                    break
-                if rep >= warmup:
-                    samples[role].append(time.perf_counter() - start)
-            if problem:
-                break
-    finally:
-        for _, control_w, _ in children.values():
-            try:
-                os.write(control_w, b"q")
-            except OSError:
-                pass
-            os.close(control_w)
-        for t in threads:
-            t.join()
-        for _, _, reply_r in children.values():
-            os.close(reply_r)
-    work = children["candidate"][0]
-    try:
-        if problem == "baseline":
-            raise RuntimeError(f"the baseline of {item.name} failed: {results['baseline'].reason or 'no reply'}")
-        if problem or not results["candidate"].ok:
-            return _failure(item, results["candidate"], work)
-        verdict = _judge(item, inputs, work, params)
-        raw = {"candidate_s": samples["candidate"], "baseline_s": samples["baseline"]}
-        if verdict.fraction < 1:
-            return ItemResult(item.name, 0.0, item.points, "failed", f"timed output is wrong: {verdict.reason}", details=raw)
-        speedup = median(samples["baseline"]) / median(samples["candidate"])
-        target = float(params.get("min_speedup", 1.0))
-        fraction = 1.0 if speedup >= target else 0.0
-        reason = f"speedup {speedup:.2f}x over the baseline (needs {target:.2f}x on the {profile['name']} profile)"
-        return ItemResult(item.name, item.points * fraction, item.points, "passed" if fraction else "failed", reason, details={**raw, "speedup": speedup})
-    finally:
-        for w, _, _ in children.values():
-            w.remove()
+        samples = {role: [float(s) for s in timed[f"{role}_s"]] for role in ("candidate", "baseline")}
+        outputs = timed["outputs"]
+        if not all(samples.values()) or min(samples["candidate"] + samples["baseline"]) <= 0:
+            raise ValueError("no positive timings")
+    except (TypeError, KeyError, ValueError) as exc:
+        return ItemResult(item.name, 0.0, item.points, "failed", cap_reason(f"timings could not be read: {exc}"))
+    verdict = _judge(item, inputs, outputs, params)
+    if verdict.fraction < 1:
+        return ItemResult(item.name, 0.0, item.points, "failed", cap_reason(f"timed output is wrong: {verdict.reason}"),
+                          details=samples)
+    speedup = median(samples["baseline"]) / median(samples["candidate"])
+    target = float(params.get("min_speedup", 1.0))
+    passed = speedup >= target
+    reason = f"speedup {speedup:.2f}x over the baseline (needs {target:.2f}x on the {profile['name']} profile)"
+    return ItemResult(item.name, item.points if passed else 0.0, item.points, "passed" if passed else "failed",
+                      reason, details={**samples, "speedup": speedup})
 
 
 def grade_submission(
-    lab: LabSpec, path: Path, *, release: Path, profile: dict, seed: int, student_package: Path, parallel: int = 2
+    lab: LabSpec, path: Path, *, release: Path, profile: dict, seed: int, student_package: Path, parallel: int = 2,
+    isolated: bool = True,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` in the notebook at ``path``; never raises for the student's doing."""
     try:
@@ -252,8 +281,15 @@ def grade_submission(
     except notebook.NotebookError as exc:
         return [ItemResult(it.name, 0.0, it.points, "invalid_notebook", str(exc)) for it in lab.items]
     released = notebook.graded_cells(notebook.read_notebook(release))
+    sandbox = Sandbox(Path(student_package), profile, isolated)
 
     def grade_one(item: Item) -> ItemResult:
+        result = _grade_one(item)
+        if not isolated:
+            result.reason = UNISOLATED + result.reason
+        return result
+
+    def _grade_one(item: Item) -> ItemResult:
         started = time.monotonic()
         problem = notebook.test_cell_problem(item.name, submitted, released)
         if problem:
@@ -265,8 +301,7 @@ def grade_submission(
         if problem:
             status = "unanswered" if problem.startswith("not attempted") else "missing"
             return ItemResult(item.name, 0.0, item.points, status, problem)
-        grader = _grade_speed if item.is_speed else _grade_correctness
-        result = grader(lab, item, submitted.solutions, seed, profile, student_package)
+        result = _grade_item(lab, item, submitted.solutions, seed, sandbox)
         result.wall_s = round(time.monotonic() - started, 3)
         return result
 

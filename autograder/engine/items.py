@@ -5,12 +5,15 @@ names the student's solution cells it needs and three functions with a strict sp
 
 - ``make_inputs(seed, params)`` runs in the trusted parent and draws hidden inputs;
 - ``drive(ns, inputs)`` runs in the sandboxed child, where ``ns`` holds what the student's cells
-  defined; it calls the student's code and returns plain tensors / numbers;
+  defined (for a kernel item, only their ``@triton.jit`` functions and constants: ``kernels``
+  names the ones it needs); it calls the student's code and returns plain tensors / numbers;
 - ``check(inputs, outputs, params)`` runs in the parent, computes the reference itself and returns
   a ``Verdict``. It must treat ``outputs`` as hostile: anything can come back.
 
-Speed items add ``timed(ns, inputs)`` (candidate, in the student's child) and ``baseline(inputs)``
-(in a second child that runs no student code); the parent times both from outside.
+Speed items are kernel items that add ``timed(ns, inputs)`` and ``baseline(inputs)``: the child,
+where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+A Python item whose figure is measured in the student's process names its ``instruments``
+(dotted names, bound before the cells run and verified unchanged after them).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Item:
     # room for their processes.
     loopback: bool = False
     processes: int = 0
+    kernels: tuple[str, ...] = ()
+    instruments: tuple[str, ...] = ()
 
     @property
     def is_speed(self) -> bool:

@@ -1,9 +1,10 @@
 """Run untrusted code in a child process with limits, and say in one word how it ended.
 
-The child gets its own session (so the whole process group can be killed), CPU-time and address
-space rlimits, a private network namespace where the OS allows it, and a capped output pipe. A
-watchdog in the parent enforces what rlimits cannot: wall time, resident memory of the whole
-group, the number of processes, and the output cap. Nothing here imports the child's code.
+With a ``bwrap.View`` the child runs isolated (``bwrap.py``: own namespaces, unprivileged uid,
+nothing of the course visible). Either way it gets its own session, a pids cgroup where the OS
+allows one, CPU-time and address-space rlimits, and a capped output pipe. A watchdog in the
+parent enforces what rlimits cannot: wall time, resident memory of every descendant, the number
+of processes, and the output cap. Nothing here imports the child's code.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+from autograder.engine import bwrap
 from autograder.engine.jail import Jail
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PAGE = os.sysconf("SC_PAGE_SIZE")
+# bubblewrap's monitor and the init of the pid namespace it creates.
+SANDBOX_PROCESSES = 2
 
 
 @dataclass
@@ -53,7 +57,8 @@ class ChildResult:
     wall_s: float
     output_tail: str = ""
     network_isolated: bool = False
-    jailed: bool = False
+    jailed: bool = False  # in a pids cgroup
+    sandboxed: bool = False  # in bubblewrap's namespaces as an unprivileged uid
 
     @property
     def ok(self) -> bool:
@@ -92,6 +97,28 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it: a sandbox's processes sit in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
 def _resident_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -116,10 +143,13 @@ def _kill_session(sid: int) -> None:
 
 
 def run_sandboxed(
-    argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+    argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None
 ) -> ChildResult:
-    """Run ``argv`` under ``limits``; never raises for anything the child does."""
+    """Run ``argv`` under ``limits`` (isolated as ``view`` says, if given); never raises for
+    anything the child does."""
     marker = os.path.join(cwd, ".network")
+    if view is not None:
+        argv = bwrap.command(argv, view)
     jail = Jail.create()
 
     def preexec() -> None:
@@ -131,7 +161,8 @@ def run_sandboxed(
         if limits.limit_address_space:
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if limits.isolate_network and _unshare_network():
+        # bubblewrap makes its own network namespace (unless the view shares the caller's).
+        if view is None and limits.isolate_network and _unshare_network():
             if limits.loopback:
                 _loopback_up()
             with open(marker, "w") as f:
@@ -146,7 +177,6 @@ def run_sandboxed(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         preexec_fn=preexec,
-        pass_fds=pass_fds,
     )
     sid = proc.pid
     verdict: list[tuple[str, str]] = []
@@ -169,8 +199,9 @@ def run_sandboxed(
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_s and not verdict:
             verdict.append(("timeout", f"wall-time limit of {limits.wall_s:.0f} s exceeded (a loop that never ends?)"))
-        pids = sorted(set(_session_pids(sid)) | set(jail.pids() if jail else ()))
-        if len(pids) > limits.max_processes and not verdict:
+        pids = sorted(set(_session_pids(sid)) | set(descendants(sid)) | set(jail.pids() if jail else ()))
+        allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else 0)
+        if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
         resident = _resident_bytes(pids)
         if resident > limits.memory_bytes and not verdict:
@@ -187,7 +218,7 @@ def run_sandboxed(
     reader.join(timeout=5)
     wall = time.monotonic() - start
     output = tail.decode("utf-8", "replace")
-    isolated = os.path.exists(marker)
+    isolated = (view is not None and not view.network) or os.path.exists(marker)
     rc = proc.returncode
     if verdict:
         status, reason = verdict[0]
@@ -204,4 +235,4 @@ def run_sandboxed(
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None)
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None)

@@ -7,15 +7,28 @@ import torch
 from autograder.engine.items import Verdict
 
 
+# What a saved-bytes figure measured in the student's process rests on: bound before the cells
+# run, verified unchanged after them (``Item.instruments``).
+SAVED_TENSOR_INSTRUMENTS = (
+    "fastdl_lab.memory.saved_tensor_bytes", "fastdl_lab.memory._ctx_tensors", "fastdl_lab.memory._held",
+    "torch.autograd.graph.saved_tensors_hooks.__init__", "torch.autograd.graph.saved_tensors_hooks.__enter__",
+    "torch.autograd.graph.saved_tensors_hooks.__exit__", "torch._C._autograd._push_saved_tensors_default_hooks",
+    "torch.Tensor.untyped_storage", "torch.save",
+)
+
+
 def triton_kernel(ns: dict, name: str):
     """The student's ``@triton.jit`` function ``name``, refusing anything that is not a kernel."""
     kernel = ns.get(name)
     if kernel is None:
         raise NameError(f"the solution cell does not define {name}")
-    # A Triton kernel (JITFunction, or InterpretedFunction under the interpreter) is launched as
-    # kernel[grid]; a plain function here would mean the library is called instead of a kernel.
-    if not hasattr(kernel, "__getitem__") or not hasattr(kernel, "fn"):
-        raise TypeError(f"{name} must be a @triton.jit kernel")
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    # Exactly Triton's own kernel types: anything launchable as kernel[grid] could otherwise hide
+    # a library call behind a kernel's name.
+    if type(kernel) not in (JITFunction, InterpretedFunction):
+        raise TypeError(f"{name} must be a @triton.jit kernel, not {type(kernel).__name__}")
     return kernel
 
 

@@ -108,12 +108,13 @@ LAB = LabSpec(
     preamble="from fastdl_lab import device\nfrom fastdl_lab import gemm\n",
     items=[
         Item("matmul_fp32", 4, ("matmul_kernel_code",), _matmul_inputs(torch.float32), matmul_drive, _matmul_check,
-             description="Triton matmul, fp32, hidden ragged shapes"),
+             kernels=("matmul_kernel",), description="Triton matmul, fp32, hidden ragged shapes"),
         Item("matmul_fp16", 2, ("matmul_kernel_code",), _matmul_inputs(torch.float16), matmul_drive, _matmul_check,
-             description="Triton matmul, fp16 (low-precision rule)"),
+             kernels=("matmul_kernel",), description="Triton matmul, fp16 (low-precision rule)"),
         Item("grouped_order", 2, ("grouped_order_code",), grouped_inputs, grouped_drive, grouped_check,
              kind="mechanism", description="grouped program ordering"),
         Item("matmul_speed", 2, ("matmul_kernel_code",), speed_inputs, kind="speed", check=speed_check,
-             timed=speed_timed, baseline=speed_baseline, description="speed vs torch.matmul (GPU profiles)"),
+             timed=speed_timed, baseline=speed_baseline, kernels=("matmul_kernel",),
+             description="speed vs torch.matmul (GPU profiles)"),
     ],
 )

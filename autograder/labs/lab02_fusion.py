@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.engine.items import Item, LabSpec, Verdict
+from autograder.labs import _common
 from autograder.labs._common import on_device, per_case, require_tensor, triton_kernel
 from fastdl_lab import checks
 
@@ -224,21 +225,24 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
     return softmax_check(inputs, [o.cpu() for o in outputs], params)
 
 
+MEMORY_INSTRUMENTS = ("autograder.labs.lab02_fusion._saved_tensor_bytes", *_common.SAVED_TENSOR_INSTRUMENTS)
+
 LAB = LabSpec(
     name="02_fusion",
     preamble="from fastdl_lab import device\n",
     items=[
         Item("softmax_fp32", 3, ("softmax_kernel_code",), _softmax_inputs(torch.float32), softmax_drive, softmax_check,
-             description="fused softmax, fp32, rows longer than a block, large and -inf values"),
+             kernels=("softmax_kernel",), description="fused softmax, fp32, rows longer than a block, large and -inf values"),
         Item("softmax_fp16", 2, ("softmax_kernel_code",), _softmax_inputs(torch.float16), softmax_drive, softmax_check,
-             description="fused softmax, fp16 (low-precision rule)"),
+             kernels=("softmax_kernel",), description="fused softmax, fp16 (low-precision rule)"),
         Item("softmax_bytes", 2, ("softmax_bytes_code",), bytes_inputs, bytes_drive, bytes_check,
              kind="mechanism", description="bytes moved by eager vs fused softmax"),
         Item("conv_bn_fold", 3, ("fold_code",), fold_inputs, fold_drive, fold_check,
              description="Conv+BatchNorm folding on a hidden network"),
         Item("convbn_memory", 3, ("convbn_code",), convbn_inputs, convbn_drive, convbn_check,
-             kind="mechanism", description="ConvBN recompute: correct and >= 40% fewer saved bytes"),
+             kind="mechanism", instruments=MEMORY_INSTRUMENTS, description="ConvBN recompute: correct and >= 40% fewer saved bytes"),
         Item("softmax_speed", 2, ("softmax_kernel_code",), speed_inputs, kind="speed", check=speed_check,
-             timed=speed_timed, baseline=speed_baseline, description="speed vs torch.softmax (GPU profiles)"),
+             timed=speed_timed, baseline=speed_baseline, kernels=("softmax_kernel",),
+             description="speed vs torch.softmax (GPU profiles)"),
     ],
 )

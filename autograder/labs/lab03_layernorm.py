@@ -196,21 +196,24 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
     return forward_check(inputs, [o.cpu() for o in outputs], params)
 
 
+FORWARD, ALL_KERNELS = (KERNELS["fwd"],), tuple(KERNELS.values())
+
 LAB = LabSpec(
     name="03_layernorm",
     preamble="from fastdl_lab import device\n",
     items=[
         Item("layernorm_fwd_fp32", 3, ("layernorm_fwd_code",), _forward_inputs(torch.float32), forward_drive, forward_check,
-             description="Triton LayerNorm forward, fp32, ragged and multi-block rows"),
+             kernels=FORWARD, description="Triton LayerNorm forward, fp32, ragged and multi-block rows"),
         Item("layernorm_fwd_fp16", 2, ("layernorm_fwd_code",), _forward_inputs(torch.float16), forward_drive, forward_check,
-             description="Triton LayerNorm forward, fp16 (low-precision rule)"),
+             kernels=FORWARD, description="Triton LayerNorm forward, fp16 (low-precision rule)"),
         Item("layernorm_bwd", 3, ("layernorm_fwd_code", "layernorm_bwd_code"), backward_inputs, backward_drive, backward_check,
-             description="dx, dgamma, dbeta in fp32 and fp16"),
+             kernels=ALL_KERNELS, description="dx, dgamma, dbeta in fp32 and fp16"),
         Item("layernorm_stability", 2, ("layernorm_fwd_code",), stability_inputs, forward_drive, stability_check,
-             kind="mechanism", description="large mean, tiny variance: where E[x^2]-E[x]^2 fails"),
+             kind="mechanism", kernels=FORWARD, description="large mean, tiny variance: where E[x^2]-E[x]^2 fails"),
         Item("layernorm_training", 2, ("layernorm_fwd_code", "layernorm_bwd_code"), training_inputs, training_drive,
-             training_check, description="the autograd wrapper in a short training loop"),
+             training_check, kernels=ALL_KERNELS, description="the autograd wrapper in a short training loop"),
         Item("layernorm_speed", 2, ("layernorm_fwd_code",), speed_inputs, kind="speed", check=speed_check,
-             timed=speed_timed, baseline=speed_baseline, description="speed vs F.layer_norm (GPU profiles)"),
+             timed=speed_timed, baseline=speed_baseline, kernels=FORWARD,
+             description="speed vs F.layer_norm (GPU profiles)"),
     ],
 )

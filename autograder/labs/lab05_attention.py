@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from autograder.engine.items import Item, LabSpec, Verdict
+from autograder.labs import _common
 from autograder.labs._common import on_device, per_case, require_tensor, triton_kernel
 from fastdl_lab import checks
 
@@ -182,17 +183,21 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
     return fwd_check(inputs, [o.cpu() for o in outputs], params)
 
 
+FORWARD = (STUDENT_KERNELS["fwd"],)
+MEMORY_INSTRUMENTS = ("autograder.labs.lab05_attention._saved_tensor_bytes",
+                      "autograder.labs.lab05_attention._flash_attention", *_common.SAVED_TENSOR_INSTRUMENTS)
+
 LAB = LabSpec(
     name="05_attention",
     preamble="from fastdl_lab import device\n",
     items=[
         Item("attention_fwd", 4, ("attn_fwd_code",), fwd_inputs, fwd_drive, fwd_check,
-             description="Triton FlashAttention forward: ragged lengths, causal and not, head dims, fp32/fp16"),
+             kernels=FORWARD, description="Triton FlashAttention forward: ragged lengths, causal and not, head dims, fp32/fp16"),
         Item("attention_bwd", 4, ("attn_fwd_code", "attn_bwd_code"), fwd_inputs, bwd_drive, bwd_check,
-             description="dQ, dK, dV recomputed from Q, K and the logsumexp"),
+             kernels=tuple(STUDENT_KERNELS.values()), description="dQ, dK, dV recomputed from Q, K and the logsumexp"),
         Item("attention_memory", 2, ("attn_fwd_code", "attn_function_code"), memory_inputs, memory_drive,
-             memory_check, kind="mechanism", description="the student's autograd wiring keeps nothing N x N"),
+             memory_check, kind="mechanism", instruments=MEMORY_INSTRUMENTS, description="the student's autograd wiring keeps nothing N x N"),
         Item("attention_speed", 2, ("attn_fwd_code",), speed_inputs, kind="speed", check=speed_check,
-             timed=speed_timed, baseline=speed_baseline, description="forward vs scaled_dot_product_attention (GPU)"),
+             timed=speed_timed, baseline=speed_baseline, kernels=FORWARD, description="forward vs scaled_dot_product_attention (GPU)"),
     ],
 )

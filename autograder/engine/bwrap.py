@@ -1,0 +1,149 @@
+"""The filesystem, user and namespace isolation of every process that runs student code.
+
+A student process is started through bubblewrap: its own mount, pid, ipc, uts and network
+namespaces, an unprivileged uid, and a root filesystem built from nothing but
+
+- the Python installation and the virtual environment, read-only (an installed full copy of
+  ``fastdl_lab`` in site-packages is hidden under an empty directory);
+- the read-only folders the caller names (the *student* copy of the package, the grader's own
+  driver code);
+- one private, writable work directory, ``/job``;
+- a private ``/tmp``, a minimal ``/dev`` (plus the NVIDIA devices on GPU hosts) and its own
+  ``/proc``, in which the grader's processes do not exist.
+
+Run as root, bubblewrap sets the mounts up and ``setpriv`` then drops to uid/gid 65534 with every
+capability gone and ``no_new_privs`` set, so the student is a real unprivileged user outside too
+(files it writes are owned by ``nobody``, it cannot leave its cgroup). Run as an ordinary user,
+bubblewrap maps the user into a user namespace instead. When bubblewrap dies, the kernel kills
+every process of its pid namespace: nothing a submission starts outlives it.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NOBODY = 65534
+JOB = "/job"
+SETPRIV = "/usr/bin/setpriv"
+# Read-only system paths a Python process and Triton's GPU launcher need (/usr holds the CUDA
+# toolkit and driver libraries too); nothing of /etc but the user database (torch asks who it
+# is), the linker's cache and Debian's alternatives (cc -> gcc).
+SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.so.cache")
+MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
+
+
+class IsolationUnavailable(RuntimeError):
+    """This machine cannot isolate student code; the message says why and what to do."""
+
+
+@dataclass
+class View:
+    """What one sandboxed process sees besides the system: read-only folders and its work dir."""
+
+    workdir: str
+    read_only: dict[str, str] = field(default_factory=dict)  # host path -> path inside
+    network: bool = False  # share the caller's network namespace (a kernel nbgrader talks to)
+    gpu: bool = False
+
+
+def _python_paths() -> list[str]:
+    """The interpreter's installation and the virtual environment, whatever their location."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    return sorted(p for p in paths if p != "/usr" and not p.startswith("/usr/"))
+
+
+def _hidden_full_package() -> list[str]:
+    """A non-editable install of the full package would put the solutions in site-packages."""
+    site = sysconfig.get_paths()["purelib"]
+    return [str(p) for p in Path(site).glob("fastdl_lab") if p.is_dir()]
+
+
+def _parents(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _dir_args(path: str, made: set[str]) -> list[str]:
+    # Mount points bubblewrap creates would be root-only; the dropped uid must traverse them.
+    args = []
+    for parent in _parents(path):
+        if parent not in made:
+            made.add(parent)
+            args += ["--perms", "0755", "--dir", parent]
+    return args
+
+
+def command(argv: list[str], view: View) -> list[str]:
+    """The full command line that runs ``argv`` inside the sandbox described by ``view``."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise IsolationUnavailable("bubblewrap (bwrap) is not installed")
+    root = os.geteuid() == 0
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if not view.network:
+        args.append("--unshare-net")  # bubblewrap brings loopback up in the new namespace
+    if not root:
+        args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    for path in MERGED_USR:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for path in SYSTEM_RO:
+        args += ["--ro-bind-try", path, path]
+    made: set[str] = set()
+    for path in _python_paths():
+        args += _dir_args(path, made) + ["--ro-bind", path, path]
+    for path in _hidden_full_package():
+        args += ["--tmpfs", path]
+    for host, inside in view.read_only.items():
+        args += _dir_args(inside, made) + ["--ro-bind", host, inside]
+    args += ["--bind", view.workdir, JOB, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if view.gpu:
+        for dev in sorted(glob.glob("/dev/nvidia*")):
+            args += ["--dev-bind", dev, dev]
+    args += ["--chdir", JOB, "--"]
+    if root:
+        args += [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+    return args + argv
+
+
+def prepare_workdir(path: str) -> None:
+    """The sandboxed uid owns its work directory, and nothing else."""
+    if os.geteuid() == 0:
+        os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o700)
+
+
+@functools.cache
+def check() -> None:
+    """Raise ``IsolationUnavailable`` unless a sandboxed process really starts here."""
+    import tempfile
+
+    if os.geteuid() == 0 and not os.path.exists(SETPRIV):
+        raise IsolationUnavailable(f"{SETPRIV} (util-linux) is missing: cannot drop to an unprivileged uid")
+    with tempfile.TemporaryDirectory(prefix="fastdl-probe-") as tmp:
+        prepare_workdir(tmp)
+        probe = "import os; open('/job/ok', 'w').write(str(os.getuid()))"
+        try:
+            done = subprocess.run(command([sys.executable, "-c", probe], View(tmp)),
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise IsolationUnavailable(f"bubblewrap could not start: {exc}") from exc
+        ok = Path(tmp, "ok")
+        if done.returncode != 0 or not ok.exists() or ok.read_text() != str(NOBODY):
+            detail = (done.stderr or "").strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+            raise IsolationUnavailable(
+                f"bubblewrap failed to start a sandboxed process ({detail[0][:200]}); unprivileged user "
+                "namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1) or the grader "
+                "lacks the rights to create namespaces")

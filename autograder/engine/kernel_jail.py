@@ -1,0 +1,106 @@
+"""The Jupyter kernel that nbgrader executes a submission in, started inside the sandbox.
+
+``nbgrader autograde`` runs the student's whole notebook in a kernel: the kernel is student code.
+The course's nbgrader config names ``JailedKernelManager``, whose command is this module: it
+copies the connection file into a fresh work directory owned by the sandboxed uid and starts
+``ipykernel`` through ``bwrap.command`` with only the student copy of the package on its path.
+The kernel shares nbgrader's network namespace (nbgrader talks to it over loopback; the pipeline
+runs nbgrader itself in a private one) and sees nothing else of the machine.
+
+    python -m autograder.engine.kernel_jail CONNECTION_FILE
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyter_client.manager import KernelManager
+
+from autograder.engine import bwrap
+
+STUDENT_DIR = "/opt/fastdl/student"
+# Set by the pipeline for the nbgrader process; the kernel manager passes them on.
+STUDENT_PACKAGE_VAR = "FASTDL_STUDENT_PACKAGE"
+GPU_VAR = "FASTDL_GPU"
+UNSAFE_VAR = "FASTDL_UNSAFE_NO_ISOLATION"
+
+
+class JailedKernelManager(KernelManager):
+    """A kernel manager whose kernels start in the sandbox (unless grading runs unisolated)."""
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        if os.environ.get(UNSAFE_VAR) == "1":
+            return super().format_kernel_cmd(extra_arguments)
+        return [sys.executable, "-m", "autograder.engine.kernel_jail", self.connection_file]
+
+
+def _kernel_env(gpu: bool) -> dict[str, str]:
+    job = bwrap.JOB
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": job,
+        "PYTHONPATH": STUDENT_DIR,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": "/tmp",
+        "MPLBACKEND": os.environ.get("MPLBACKEND", "Agg"),
+        "IPYTHONDIR": f"{job}/.ipython",
+        "JUPYTER_RUNTIME_DIR": f"{job}/.jupyter",
+        "MPLCONFIGDIR": f"{job}/.matplotlib",
+        "TRITON_CACHE_DIR": f"{job}/.triton",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+    }
+    if not gpu:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES"):
+        if var in os.environ and var not in env:
+            env[var] = os.environ[var]
+    return env
+
+
+def _forward(proc: subprocess.Popen):
+    """Interrupts reach the kernel, which sits below bubblewrap in a session of its own."""
+    from autograder.engine.sandbox import descendants
+
+    def handler(signum, _frame):
+        for pid in descendants(proc.pid):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "bwrap":
+                        continue
+                os.kill(pid, signum)
+            except OSError:
+                pass
+    return handler
+
+
+def main(connection_file: str) -> int:
+    package = os.environ.get(STUDENT_PACKAGE_VAR)
+    if not package or not Path(package).is_dir():
+        print(f"kernel_jail: {STUDENT_PACKAGE_VAR} must name the student copy of the package", file=sys.stderr)
+        return 2
+    gpu = os.environ.get(GPU_VAR) == "1"
+    work = tempfile.mkdtemp(prefix="fastdl-kernel-")
+    try:
+        shutil.copy(connection_file, os.path.join(work, "kernel.json"))
+        if os.geteuid() == 0:
+            os.chown(os.path.join(work, "kernel.json"), bwrap.NOBODY, bwrap.NOBODY)
+        bwrap.prepare_workdir(work)
+        view = bwrap.View(work, read_only={package: STUDENT_DIR}, network=True, gpu=gpu)
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
+        proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
+        signal.signal(signal.SIGINT, _forward(proc))
+        signal.signal(signal.SIGTERM, lambda *_: proc.kill())
+        return proc.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
