@@ -21,7 +21,7 @@ export MPLCONFIGDIR := $(CACHE)/matplotlib
 export XDG_CACHE_HOME := $(CACHE)/xdg
 export MPLBACKEND := Agg
 
-.PHONY: demo test lab build venv clean
+.PHONY: demo test lab build venv clean sandbox-tool
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON) (Python 3.11)"; exit 1; }
@@ -31,13 +31,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+# The grader runs student code only inside bubblewrap (autograder/engine/bwrap.py).
+sandbox-tool:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing bubblewrap, the grader's sandbox"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else \
+	    echo "bubblewrap (bwrap) is missing and cannot be installed from here: run 'sudo apt-get install bubblewrap'." \
+	         "Until then grading refuses to run student code (unless --unsafe-no-isolation)."; \
+	  fi; }
+
+demo: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder demo
 
-test: $(STAMP)
+test: $(STAMP) sandbox-tool
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-build: $(STAMP)
+build: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder build
 
 # JupyterLab opens labs/*.py as notebooks through jupytext (MPLBACKEND is left to the kernel):

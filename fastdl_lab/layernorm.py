@@ -114,7 +114,9 @@ def check_layer_norm_grads(grads, x: torch.Tensor, weight: torch.Tensor, bias: t
     """Check ``grads = (dx, dweight, dbias)`` of sum(dy * LayerNorm(x)), as ``check_layer_norm`` does y.
 
     In fp32 an error e in x_hat costs dx up to about rstd * |dy * weight| * e per row, and dweight
-    the sum over rows of |dy| * e; dbias does not depend on x.
+    the sum over rows of |dy| * e; dbias does not depend on x. dweight and dbias are also sums over
+    every row, which a kernel adds in an order of its own (per-program partial sums, then their
+    reduction): each may be off by a rounding unit times the sum of its terms' magnitudes.
     """
     def autograd(fn, *tensors):
         leaves = [t.detach().requires_grad_() for t in tensors]
@@ -127,7 +129,12 @@ def check_layer_norm_grads(grads, x: torch.Tensor, weight: torch.Tensor, bias: t
         slack, rstd = _x_hat_slack(x, eps)
         dy_rows = dy.detach().double().reshape(slack.shape[0], -1)
         g_rows = (dy_rows * weight.detach().double()).abs().amax(-1)
-        extra = (_largest(slack * rstd * g_rows), _largest((slack[:, None] * dy_rows.abs()).sum(0)), 0.0)
+        x_hat = (x.detach().double().reshape(dy_rows.shape) - x.detach().double().reshape(dy_rows.shape)
+                 .mean(-1, keepdim=True)) * rstd[:, None]
+        unit = 2.0**-24
+        extra = (_largest(slack * rstd * g_rows),
+                 _largest((slack[:, None] * dy_rows.abs()).sum(0)) + unit * _largest((dy_rows * x_hat).abs().sum(0)),
+                 unit * _largest(dy_rows.abs().sum(0)))
     for i, label in enumerate(("dx", "dweight", "dbias")):
         full = f"{name} {label}".strip()
         if lowp is None:

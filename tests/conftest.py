@@ -28,3 +28,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory):
+    """One built course (every lab's source, release and student package) for the whole session."""
+    from autograder.course import Course, build
+
+    course = Course(tmp_path_factory.mktemp("course"))
+    build(course)
+    return course
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    from autograder import profiles
+
+    return profiles.load("cpu")

@@ -17,9 +17,19 @@ pytestmark = pytest.mark.distributed
 
 
 def _children() -> list[int]:
+    """This process's live children, from each process's parent id: a thread of ours may exit
+    while it is read, so the per-thread children lists are no place to look."""
     pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        pids += [int(p) for p in (task / "children").read_text().split()]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it exited between the listing and the read
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            pids.append(int(entry.name))
     return pids
 
 

@@ -6,32 +6,22 @@ by the engine directly (fast) and, for the ones that break nbgrader itself, thro
 
 import csv
 import json
+import os
 import re
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import pipeline, profiles, strip
-from autograder.course import Course, build, lab_sources
+from autograder import pipeline, strip
+from autograder.course import lab_sources
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
+from autograder.engine.sandbox import descendants
 from autograder.submissions import FIXTURE_DIR, demo_students, make_submission, reference_solutions, variant
 
 pytestmark = pytest.mark.slow
 SEED = 1234
-
-
-@pytest.fixture(scope="session")
-def course(tmp_path_factory):
-    course = Course(tmp_path_factory.mktemp("course"))
-    build(course)
-    return course
-
-
-@pytest.fixture(scope="session")
-def cpu():
-    return profiles.load("cpu")
 
 
 @pytest.fixture(scope="session")
@@ -190,18 +180,16 @@ def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, st
 def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
     variant(course, "07_distributed", "deadlock", FIXTURE_DIR / "07_distributed-deadlock.py")
     lab = load_lab("07_distributed")
-    only = [lab.item("ring_allreduce"), lab.item("zero1")]
     results = {r.item: r for r in grade_submission(
-        type(lab)(lab.name, only, lab.preamble), course.submitted("deadlock", lab.name),
-        release=course.release(lab.name), profile=cpu, seed=SEED, student_package=course.student_package)}
+        lab, course.submitted("deadlock", lab.name), release=course.release(lab.name), profile=cpu, seed=SEED,
+        student_package=course.student_package, only={"ring_allreduce", "zero1"})}
     ring = results["ring_allreduce"]
     assert ring.status == "error" and ring.score == 0, ring
     assert "rank" in ring.reason
     assert results["zero1"].status == "passed"
-    # Nothing of the world survives: no process of this test's session runs the child entry point.
-    import os
+    # Nothing of the world survives: no process below this test runs the child entry point.
     leftovers = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in descendants(os.getpid())[1:]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"autograder.engine.child" in f.read():
@@ -261,8 +249,9 @@ def test_regrade_with_the_same_seed_gives_the_same_score(course, cpu, demo):
     assert {k: (r.score, r.reason) for k, r in first.items()} == {k: (r.score, r.reason) for k, r in again.items()}
 
 
-def test_speed_item_is_timed_from_outside(course, cpu, demo):
-    """The GPU speed protocol, exercised on the CPU: two serving children, A/B interleaved."""
+def test_speed_item_is_timed_where_no_student_python_runs(course, cpu, demo):
+    """The GPU speed protocol, exercised on the CPU: the kernel child times candidate and baseline
+    A/B interleaved, with only the extracted kernel of the student's."""
     params = {"size": 64, "min_speedup": 0.0, "warmup": 1, "reps": 3}
     labs = json.loads(json.dumps(cpu["labs"]))
     labs["01_gemm"]["matmul_speed"] = params

@@ -100,14 +100,16 @@ def command(argv: list[str], view: View) -> list[str]:
             args += ["--ro-bind", path, path]
     for path in SYSTEM_RO:
         args += ["--ro-bind-try", path, path]
+    # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     made: set[str] = set()
     for path in _python_paths():
         args += _dir_args(path, made) + ["--ro-bind", path, path]
-    for path in _hidden_full_package():
-        args += ["--tmpfs", path]
     for host, inside in view.read_only.items():
         args += _dir_args(inside, made) + ["--ro-bind", host, inside]
-    args += ["--bind", view.workdir, JOB, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in _hidden_full_package():
+        args += ["--tmpfs", path]
+    args += ["--bind", view.workdir, JOB]
     if view.gpu:
         for dev in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", dev, dev]

@@ -188,6 +188,12 @@ def main(workdir: str) -> int:
         _write_error(workdir, "not_a_kernel", exc)
         return 3
     except BaseException as exc:  # noqa: BLE001 - every failure of student code is reported
+        # A replaced instrument often breaks the run it was replaced for: name the cause.
+        try:
+            instruments.verify()
+        except Tampered as tampered:
+            _write_error(workdir, "tampered", tampered)
+            return 3
         _write_error(workdir, "error", exc)
         return 3
     torch.save(outputs, os.path.join(workdir, "outputs.pt"))

@@ -35,6 +35,10 @@ class _GraderWiring(torch.autograd.Function):
         return (*(g.view(do.shape) for g in grads), None, None, None, None)
 
 
+def _qkv(case: dict) -> list[torch.Tensor]:
+    return [on_device(case[name]) for name in ("q", "k", "v")]
+
+
 def _kernels(ns: dict, *keys: str) -> dict:
     return {key: triton_kernel(ns, STUDENT_KERNELS[key]) for key in keys}
 
@@ -82,7 +86,8 @@ def fwd_check(inputs: dict, outputs, params: dict) -> Verdict:
     def check_one(i: int) -> None:
         c = cases[i]
         require_tensor(outputs[i], f"o for {labels[i]}")
-        check_attention(outputs[i], c["q"], c["k"], c["v"], c["causal"], name=f"o for {labels[i]}")
+        # On the device the kernel ran on: there fp32 tl.dot means TF32, and the baseline follows.
+        check_attention(on_device(outputs[i]), *_qkv(c), c["causal"], name=f"o for {labels[i]}")
 
     return per_case(labels, check_one)
 
@@ -109,7 +114,8 @@ def bwd_check(inputs: dict, outputs, params: dict) -> Verdict:
         c = cases[i]
         for grad, name in zip(outputs[i], ("dq", "dk", "dv"), strict=True):
             require_tensor(grad, f"{name} for {labels[i]}")
-        check_attention_grads(outputs[i], c["q"], c["k"], c["v"], c["do"], c["causal"], name=labels[i])
+        check_attention_grads([on_device(g) for g in outputs[i]], *_qkv(c), on_device(c["do"]), c["causal"],
+                              name=labels[i])
 
     return per_case(labels, check_one)
 
@@ -143,7 +149,7 @@ def memory_check(inputs: dict, outputs, params: dict) -> Verdict:
     try:
         for c, out in zip(cases, outputs["outputs"], strict=True):
             require_tensor(out, f"o for {_label(c)}")
-            check_attention(out, c["q"], c["k"], c["v"], c["causal"], name=f"o for {_label(c)}")
+            check_attention(on_device(out), *_qkv(c), c["causal"], name=f"o for {_label(c)}")
     except (AssertionError, ValueError) as exc:
         return Verdict.failed(f"the wired attention is wrong: {str(getattr(exc, 'report', exc))[:500]}")
     small, large = (int(b) for b in outputs["saved_bytes"])

@@ -190,9 +190,15 @@ def zero_check(inputs: dict, outputs, params: dict) -> Verdict:
     return per_case([_label(c) for c in cases], check_one)
 
 
+# The trusted code each rank runs around the student's: bound before the cells, verified after.
+INSTRUMENTS = tuple(f"fastdl_lab.distributed.{name}" for name in (
+    "run_world", "launch.run_world", "ddp.train_ddp", "ddp.bucket_stats", "ddp.train_reference", "zero.train_zero",
+    "ps.run_ps", "ring.ring_trial", "ring.point_to_point_only", "ring.trial_input")) + ("torch.save",)
+
+
 def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description=""):
     return Item(name, points, (cell,), make_inputs, drive, check, kind=kind, description=description,
-                loopback=True, processes=8)
+                loopback=True, processes=8, instruments=INSTRUMENTS)
 
 
 LAB = LabSpec(

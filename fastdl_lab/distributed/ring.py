@@ -19,10 +19,12 @@ elements and the others q (some are empty when numel < N). The remainder must no
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 
 from fastdl_lab import checks
 from fastdl_lab.distributed.launch import rank_device, run_world
@@ -88,15 +90,75 @@ def ring_allreduce_ref(tensor: torch.Tensor) -> int:
     ### END SOLUTION
 
 
+# Everything that could all-reduce for the student: the ring may only use point-to-point messages.
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+               "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+               "all_to_all", "all_to_all_single", "gather", "scatter", "_all_gather_base", "_reduce_scatter_base")
+PROCESS_GROUP_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_into_tensor_coalesced",
+                             "_allgather_base", "reduce", "reduce_scatter", "_reduce_scatter_base", "broadcast",
+                             "alltoall", "alltoall_base", "gather", "scatter")
+SENDS = ("send", "isend")
+
+
+class CollectiveRefused(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def point_to_point_only():
+    """While it lasts: collectives raise, and every byte sent through ``send``/``isend`` (also in
+    ``batch_isend_irecv``) is counted here, by the transport's side rather than by the caller.
+
+    Yields a one-element list holding the count.
+    """
+    sent = [0]
+    patches = []
+
+    def patch(owner, name, value):
+        patches.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def refuse(name):
+        def refused(*args, **kwargs):
+            raise CollectiveRefused(f"{name} is a collective: the ring may only use send/recv (isend/irecv)")
+        return refused
+
+    def counting(name, original):
+        def counted(tensor, *args, **kwargs):
+            sent[0] += tensor.numel() * tensor.element_size()
+            return original(tensor, *args, **kwargs)
+        return counted
+
+    for name in COLLECTIVES:
+        for module in (dist, dist.distributed_c10d):
+            if hasattr(module, name):
+                patch(module, name, refuse(name))
+    for name in PROCESS_GROUP_COLLECTIVES:
+        if hasattr(c10d.ProcessGroup, name):
+            patch(c10d.ProcessGroup, name, refuse(name))
+    for name in SENDS:
+        original = getattr(dist.distributed_c10d, name)
+        for module in (dist, dist.distributed_c10d):
+            patch(module, name, counting(name, original))
+    try:
+        yield sent
+    finally:
+        for owner, name, value in reversed(patches):
+            setattr(owner, name, value)
+
+
 def ring_trial(rank: int, world_size: int, numel: int, allreduce=ring_allreduce_ref, seed: int = 0) -> dict:
     """One rank's part of a test: all-reduce its own integer-valued input with ``allreduce``.
 
     Integers in float32 add exactly in any order, so the result must equal the sum bit for bit.
+    ``sent`` is what the transport carried from this rank; ``reported`` is what ``allreduce``
+    returned as its own count.
     """
     mine = trial_input(rank, numel, seed).to(rank_device())
     out = mine.clone()
-    sent = allreduce(out)
-    return {"out": out, "sent": sent}
+    with point_to_point_only() as sent:
+        reported = allreduce(out)
+    return {"out": out, "sent": sent[0], "reported": reported}
 
 
 def trial_input(rank: int, numel: int, seed: int = 0) -> torch.Tensor:
@@ -105,7 +167,7 @@ def trial_input(rank: int, numel: int, seed: int = 0) -> torch.Tensor:
 
 
 def check_ring(results: list[dict], numel: int, seed: int = 0, name: str = "ring") -> None:
-    """Every rank holds the exact sum, and sent exactly ``ring_bytes_ref`` bytes."""
+    """Every rank holds the exact sum, sent exactly ``ring_bytes_ref`` bytes, and says so."""
     world_size = len(results)
     expected = sum(trial_input(r, numel, seed) for r in range(world_size))
     for rank, result in enumerate(results):
@@ -113,7 +175,10 @@ def check_ring(results: list[dict], numel: int, seed: int = 0, name: str = "ring
         checks.assert_close(result["out"], expected, atol=0.0, rtol=0.0, name=where)
         want = ring_bytes_ref(numel, 4, world_size, rank)
         if result["sent"] != want:
-            raise checks.MismatchError(f"{where}: reported {result['sent']} bytes sent, the ring sends {want}")
+            raise checks.MismatchError(f"{where}: sent {result['sent']} bytes, the ring sends {want}")
+        if result["reported"] != result["sent"]:
+            raise checks.MismatchError(f"{where}: returned {result['reported']} as the bytes sent, "
+                                       f"but sent {result['sent']}")
 
 
 def root_allreduce_bytes(numel: int, element_size: int, world_size: int) -> int:

@@ -1,0 +1,25 @@
+# expect: roofline=error
+# Writing outside the sandbox: looks for the course's records and gradebook (the test plants canaries
+# named fastdl-adversarial-canary.* beside them) and for the grader's temporary folder, and overwrites them.
+# %% grade_id=roofline_code
+import os
+
+_hits = []
+for _target in ("/tmp/fastdl-adversarial-pwned", "/work/fastdl-adversarial-pwned"):
+    try:
+        open(_target, "w").write("pwned")
+        _hits.append(_target)
+    except OSError:
+        pass
+for _root, _dirs, _files in os.walk("/"):
+    if _root.startswith(("/proc", "/sys", "/dev", "/usr")):
+        _dirs[:] = []
+        continue
+    for _f in _files:
+        if _f.startswith("fastdl-adversarial-canary"):
+            try:
+                open(os.path.join(_root, _f), "w").write("pwned")
+                _hits.append(_f)
+            except OSError:
+                pass
+raise RuntimeError(f"rewrote {_hits}")

@@ -1,0 +1,95 @@
+"""Hostile submissions, graded by the trusted engine exactly as a class is: each ends with 0 points
+or a named flag, and leaves nothing behind.
+
+The fixtures are hostile code: they read, write, kill and flood whatever they can reach. Grade
+them only through the sandbox, as this test does, never with ``isolated=False``.
+
+Every ``<lab>-<cheat>.py`` beside this file is a cells file (``# %% grade_id=...``) whose first line
+says what the grader must answer: ``# expect: item=status[|status] ...``. The submission is the
+reference with those cells replaced, so every other cell is honest and only the cheat can fail.
+``partial`` means "less than full marks"; every other status means a score of 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from autograder.engine.grade import REASON_CHARS, grade_submission
+from autograder.engine.items import load_lab
+from autograder.submissions import variant
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+FIXTURES = sorted(HERE.glob("[0-9][0-9]_*-*.py"))
+EXPECT = re.compile(r"^# expect: (.+)$")
+PWNED = Path("/tmp/fastdl-adversarial-pwned")
+DAEMON = "fastdl-adversarial-daemon"
+# Small inputs and short limits: a hostile run should end in seconds, not in the real profile's minutes.
+OVERRIDES = {"limits_wall_s": 25, "speed": {"size": 64, "min_speedup": 0.5, "warmup": 1, "reps": 3}}
+
+
+def expectations(path: Path) -> dict[str, set[str]]:
+    match = EXPECT.match(path.read_text().splitlines()[0])
+    assert match, f"{path.name}: first line must be '# expect: item=status ...'"
+    return {item: set(statuses.split("|")) for item, statuses in
+            (pair.split("=") for pair in match.group(1).split())}
+
+
+def profile_for(cpu: dict, lab: str) -> dict:
+    profile = {**cpu, "limits": {**cpu["limits"], "wall_s": OVERRIDES["limits_wall_s"]}, "speed_on_cpu": True}
+    labs = {name: dict(items) for name, items in cpu.get("labs", {}).items()}
+    labs.setdefault("01_gemm", {})["matmul_speed"] = OVERRIDES["speed"]
+    return {**profile, "labs": labs}
+
+
+def _processes_named(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_there_is_a_hostile_submission_for_every_lab_and_enough_of_them():
+    labs = {p.name.split("-")[0] for p in FIXTURES}
+    assert labs >= {"00_measure", "01_gemm", "02_fusion", "03_layernorm", "05_attention", "07_distributed"}
+    assert len(FIXTURES) >= 30
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_hostile_submission_gets_nothing(course, cpu, fixture):
+    lab = fixture.name.split("-")[0]
+    expected = expectations(fixture)
+    PWNED.unlink(missing_ok=True)
+    for folder in (course.records, course.root):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "fastdl-adversarial-canary.json").write_text("{}")
+    before = {p: p.stat().st_mtime_ns for p in course.root.rglob("*") if p.is_file()}
+    student = f"adversary-{fixture.stem}"
+    path = variant(course, lab, student, fixture)
+    results = {r.item: r for r in grade_submission(
+        load_lab(lab), path, release=course.release(lab), profile=profile_for(cpu, lab), seed=99,
+        student_package=course.student_package, only=set(expected))}
+    for item, statuses in expected.items():
+        result = results[item]
+        assert result.status in statuses, f"{item}: {result.status} ({result.reason})"
+        if "partial" in statuses:
+            assert result.score < result.max_score
+        else:
+            assert result.score == 0, f"{item} scored {result.score}: {result.reason}"
+        assert result.reason, f"{item}: a verdict without a reason"
+        assert len(result.reason) <= REASON_CHARS
+    # Nothing outside the sandbox was written, planted or left running.
+    assert not PWNED.exists()
+    assert not list((Path(__file__).resolve().parents[2] / "autograder" / "labs").glob("lab99_*"))
+    changed = [p for p, mtime in before.items() if p.exists() and p.stat().st_mtime_ns != mtime
+               and student not in p.parts]
+    assert not changed, f"files of the course changed: {changed[:3]}"
+    assert _processes_named(DAEMON) == []

@@ -1,0 +1,105 @@
+"""What a sandboxed child can see, write and reach: only its own work directory and what it is given."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder.engine import bwrap
+from autograder.engine.sandbox import Limits, run_sandboxed
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = Limits(wall_s=30, cpu_s=30, memory_bytes=2 << 30, max_processes=8, output_bytes=64_000)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolation_works():
+    bwrap.check()  # the Makefile installs bubblewrap: a machine without it fails here, loudly
+
+
+def run(tmp_path, code, *, read_only=None, limits=LIMITS):
+    work = tmp_path / "job"
+    work.mkdir()
+    bwrap.prepare_workdir(str(work))
+    view = bwrap.View(str(work), read_only=read_only or {})
+    result = run_sandboxed([sys.executable, "-c", code], limits=limits, cwd=str(work),
+                           env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}, view=view)
+    return result, work
+
+
+def test_runs_as_nobody_and_writes_only_its_work_dir(tmp_path):
+    code = ("import os; open('/job/out', 'w').write(str(os.getuid()))\n"
+            "try:\n    open('/out', 'w')\nexcept OSError as e:\n    print('root refused', type(e).__name__)\n")
+    result, work = run(tmp_path, code)
+    assert result.status == "ok" and result.sandboxed, result.output_tail
+    assert (work / "out").read_text() == str(bwrap.NOBODY)
+    assert "root refused" in result.output_tail
+    if os.geteuid() == 0:
+        assert (work / "out").stat().st_uid == bwrap.NOBODY
+
+
+@pytest.mark.parametrize("secret", [
+    ROOT / "fastdl_lab" / "gemm.py",          # the package with the solutions
+    ROOT / "labs" / "01_gemm.py",             # the instructor's notebooks
+    ROOT / "autograder" / "engine" / "grade.py",
+    Path("/etc/shadow"),
+])
+def test_cannot_read_what_it_was_not_given(tmp_path, secret):
+    result, _ = run(tmp_path, f"open({str(secret)!r}).read()")
+    assert result.status == "error"
+    assert "FileNotFoundError" in result.output_tail or "PermissionError" in result.output_tail
+
+
+def test_given_folders_are_read_only(tmp_path):
+    given = tmp_path / "pkg"
+    given.mkdir()
+    (given / "mod.py").write_text("X = 1\n")
+    code = "print(open('/opt/pkg/mod.py').read()); open('/opt/pkg/mod.py', 'w').write('X = 2')"
+    result, _ = run(tmp_path, code, read_only={str(given): "/opt/pkg"})
+    assert "X = 1" in result.output_tail
+    assert result.status == "error" and ("Read-only" in result.output_tail or "Permission" in result.output_tail)
+    assert (given / "mod.py").read_text() == "X = 1\n"
+
+
+def test_sees_no_other_process(tmp_path):
+    code = "import os; print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    result, _ = run(tmp_path, code)
+    pids = eval(result.output_tail.split("pids", 1)[1])
+    assert max(pids) < 10, pids  # its own pid namespace: bubblewrap's init and itself
+
+
+def test_no_network_but_loopback(tmp_path):
+    code = ("import socket\n"
+            "s = socket.create_server(('127.0.0.1', 0)); socket.create_connection(s.getsockname(), timeout=2)\n"
+            "print('loopback ok')\n"
+            "socket.create_connection(('1.1.1.1', 53), timeout=2)\n")
+    result, _ = run(tmp_path, code)
+    assert "loopback ok" in result.output_tail
+    assert result.status == "error" and "unreachable" in result.output_tail.lower()
+
+
+def test_cannot_leave_its_cgroup_or_outlive_the_run(tmp_path):
+    marker = f"fastdl-isolation-{os.getpid()}"
+    code = ("import os, subprocess\n"
+            "try:\n    open('/sys/fs/cgroup/pids/cgroup.procs', 'w').write(str(os.getpid()))\n"
+            "except OSError as e:\n    print('cgroup refused', type(e).__name__)\n"
+            f"subprocess.Popen(['sleep', '120', '{marker}'], start_new_session=True)\n")
+    result, _ = run(tmp_path, code)
+    assert result.status == "ok", result.output_tail
+    assert "cgroup refused" in result.output_tail
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            assert marker.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            pass
+
+
+def test_a_full_package_installed_in_site_packages_is_hidden(tmp_path, monkeypatch):
+    fake = tmp_path / "site" / "fastdl_lab"
+    fake.mkdir(parents=True)
+    (fake / "secret.py").write_text("ANSWER = 42\n")
+    monkeypatch.setattr(bwrap, "_hidden_full_package", lambda: [str(fake)])
+    result, _ = run(tmp_path, f"import os; print('listing', os.listdir({str(fake)!r}))",
+                    read_only={str(tmp_path / 'site'): str(tmp_path / 'site')})
+    assert "listing []" in result.output_tail, result.output_tail
