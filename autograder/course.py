@@ -53,6 +53,11 @@ c.TrustedVerdicts.records_dir = {records!r}
 class Course:
     root: Path
 
+    def __post_init__(self):
+        # nbgrader runs with the course folder as its working directory and the paths in its
+        # config are read from there, so a relative root would point elsewhere.
+        object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
+
     @classmethod
     def default(cls) -> "Course":
         return cls(Path(os.environ.get("FASTDL_COURSE_DIR", ROOT / "build" / "course")))
