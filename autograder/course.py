@@ -55,7 +55,8 @@ class Course:
 
     def __post_init__(self):
         # nbgrader runs with the course folder as its working directory and the paths in its
-        # config are read from there, so a relative root would point elsewhere.
+        # config are read from there, so a relative root would point elsewhere. Links are resolved
+        # here, once: past the root, a submission is read only through real folders (notebook.py).
         object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
 
     @classmethod
@@ -90,8 +91,10 @@ class Course:
         return self.root / "records"
 
     def students(self, lab: str) -> list[str]:
+        """Everyone with an entry for ``lab``, links and odd files included: grading refuses
+        those with a named reason rather than leaving the student out unseen."""
         base = self.root / "submitted"
-        return sorted(p.name for p in base.iterdir() if (p / lab).is_dir()) if base.exists() else []
+        return sorted(p.name for p in base.iterdir() if os.path.lexists(p / lab)) if base.exists() else []
 
     def nbgrader(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         """Run one nbgrader command in the course folder; the caller decides what failure means."""

@@ -7,10 +7,20 @@ whose source differs from the release costs its item, with the reason named.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 UNANSWERED = "raise NotImplementedError()"
+# Far above any lab notebook with its outputs; anything larger is refused before it is parsed.
+MAX_NOTEBOOK_BYTES = 20 << 20
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused right after, by fstat.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFREG: "a file",
+          stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 
 
 class NotebookError(Exception):
@@ -44,15 +54,69 @@ def graded_cells(nb: dict) -> GradedCells:
     return GradedCells(solutions, tests)
 
 
+def _refused(name: str, mode: int, expected: str) -> NotebookError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return NotebookError(f"refused: '{name}' is {kind}, not {expected}; submissions are never read through links "
+                         "or special files")
+
+
+def _open_error(dir_fd: int, name: str, exc: OSError, last: bool) -> NotebookError:
+    try:
+        mode = os.lstat(name, dir_fd=dir_fd).st_mode
+    except OSError:
+        mode = None
+    if mode is None or (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+        return NotebookError(f"notebook cannot be read: {exc.strerror}: '{name}'")
+    return _refused(name, mode, "a file" if last else "a folder")
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, opened one component at a time without following any link.
+
+    A student who controls part of the submission tree could link their folder to another
+    student's, or leave a FIFO or a device where the notebook should be: every component must be
+    a real folder and the last a regular file of at most MAX_NOTEBOOK_BYTES. Only the course root
+    may hold links, and ``Course`` resolves it before any path is built from it.
+    """
+    parts = Path(os.path.abspath(path)).parts
+    fd = os.open(parts[0], _DIR_FLAGS)
+    try:
+        for depth, name in enumerate(parts[1:], 2):
+            last = depth == len(parts)
+            try:
+                child = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _open_error(fd, name, exc, last) from exc
+            os.close(fd)
+            fd = child
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refused(parts[-1], info.st_mode, "a file")
+        # The size from fstat can change under us: read one byte past the cap, never more.
+        chunks, size = [], 0
+        while size <= MAX_NOTEBOOK_BYTES and (chunk := os.read(fd, min(1 << 20, MAX_NOTEBOOK_BYTES + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_NOTEBOOK_BYTES:
+            raise NotebookError(f"refused: the notebook is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_notebook(path: Path) -> dict:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NotebookError(f"notebook cannot be read: {exc}") from exc
+        text = _read_regular_file(Path(path)).decode("utf-8")
+    except OSError as exc:
+        raise NotebookError(f"notebook cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise NotebookError(f"notebook cannot be read: not UTF-8 text (byte {exc.start})") from exc
     try:
         nb = json.loads(text)
     except json.JSONDecodeError as exc:
         raise NotebookError(f"notebook is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except RecursionError as exc:
+        raise NotebookError("notebook is not valid JSON (nested too deeply)") from exc
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise NotebookError("notebook has no list of cells (not an .ipynb file?)")
     return nb

@@ -10,13 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import gradebook, records
+from autograder import gradebook, notebook, records
 from autograder.course import Course
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import LabSpec
@@ -82,16 +81,18 @@ def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) ->
     """HTML feedback per student; returns the failures."""
     failures = []
     for student in students or course.students(lab.name):
-        if not course.autograded(student, lab.name).exists():
+        # What nbgrader autograded may have been read through a link to another student's
+        # notebook: feedback is made only for a submission the engine itself could read.
+        try:
+            nb = notebook.read_notebook(course.submitted(student, lab.name))
+        except notebook.NotebookError as exc:
+            failures.append(f"{student}: no feedback: {exc}")
+            continue
+        target = course.autograded(student, lab.name)
+        if not target.exists():
             # nbgrader could not execute this notebook; feedback starts from the submission.
-            target = course.autograded(student, lab.name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                json.loads(course.submitted(student, lab.name).read_text())
-                shutil.copy(course.submitted(student, lab.name), target)
-            except (OSError, ValueError):
-                failures.append(f"{student}: no feedback: the submission is not a readable notebook")
-                continue
+            target.write_text(json.dumps(nb))
         done = course.nbgrader("generate_feedback", lab.name, "--student", student, "--force")
         if done.returncode != 0:
             failures.append(f"{student}: nbgrader generate_feedback failed: {done.stderr[-500:]}")

@@ -1,7 +1,106 @@
 """Hostile submissions against the parts of the autograder that read, record and report them."""
 
-from autograder import cli
-from autograder.course import write_config
+import json
+import os
+import stat
+import threading
+
+import pytest
+
+from autograder import cli, notebook, pipeline
+from autograder.course import Course, write_config
+from autograder.engine.grade import grade_submission
+from autograder.engine.items import Item, LabSpec
+
+LAB = "01_gemm"
+SPEC = LabSpec(LAB, [Item("f_test", 2.0, ("f_code",), make_inputs=lambda seed, params: {})])
+
+
+def cell(grade_id, source, *, solution=False, grade=False, cell_type="code"):
+    meta = {"nbgrader": {"grade_id": grade_id, "solution": solution, "grade": grade}}
+    return {"cell_type": cell_type, "metadata": meta, "source": source, "outputs": [], "execution_count": None}
+
+
+def nb(*cells):
+    return {"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture
+def course(tmp_path):
+    """alice has a real submission; the others reach it, or something worse, by other means."""
+    course = Course(tmp_path / "course")
+    alice = course.submitted("alice", LAB)
+    alice.parent.mkdir(parents=True)
+    alice.write_text(json.dumps(nb(cell("f_code", "x = 1", solution=True))))
+    submitted = course.root / "submitted"
+    (submitted / "bob").symlink_to(submitted / "alice")
+    (submitted / "carol").mkdir()
+    (submitted / "carol" / LAB).symlink_to(alice.parent)
+    course.submitted("dave", LAB).parent.mkdir(parents=True)
+    course.submitted("dave", LAB).symlink_to(alice)
+    course.submitted("erin", LAB).parent.mkdir(parents=True)
+    os.mkfifo(course.submitted("erin", LAB))
+    return course
+
+
+def _read_in_thread(path):
+    """read_notebook's error or result; a read that blocks (a FIFO) fails the test instead of hanging it."""
+    out = {}
+
+    def target():
+        try:
+            out["nb"] = notebook.read_notebook(path)
+        except notebook.NotebookError as exc:
+            out["error"] = str(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert out, f"reading {path} blocked"
+    return out
+
+
+@pytest.mark.parametrize("student, words", [
+    ("bob", "'bob' is a symbolic link"),
+    ("carol", f"'{LAB}' is a symbolic link"),
+    ("dave", f"'{LAB}.ipynb' is a symbolic link"),
+    ("erin", "is a FIFO"),
+])
+def test_links_and_special_files_are_refused_by_name(course, student, words):
+    assert student in course.students(LAB)
+    assert words in _read_in_thread(course.submitted(student, LAB)).get("error", "")
+    assert "nb" in _read_in_thread(course.submitted("alice", LAB))
+
+
+def test_a_device_is_refused(tmp_path):
+    path = tmp_path / "nb.ipynb"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null
+    except PermissionError:
+        pytest.skip("creating a device needs privileges")
+    with pytest.raises(notebook.NotebookError, match="is a device"):
+        notebook.read_notebook(path)
+
+
+def test_oversized_and_deeply_nested_notebooks_are_refused(tmp_path):
+    big = tmp_path / "big.ipynb"
+    with big.open("wb") as f:
+        f.truncate(notebook.MAX_NOTEBOOK_BYTES + 1)
+    with pytest.raises(notebook.NotebookError, match="larger than 20 MiB"):
+        notebook.read_notebook(big)
+    deep = tmp_path / "deep.ipynb"
+    deep.write_text("[" * 200_000)
+    with pytest.raises(notebook.NotebookError, match="nested too deeply"):
+        notebook.read_notebook(deep)
+
+
+def test_a_linked_student_folder_gets_a_named_zero_and_no_feedback(course):
+    results = grade_submission(SPEC, course.submitted("bob", LAB), release=course.submitted("alice", LAB),
+                               profile={"name": "cpu"}, seed=0, student_package=course.root)
+    assert [(r.status, r.score) for r in results] == [("invalid_notebook", 0.0)]
+    assert "symbolic link" in results[0].reason
+    # feedback refuses before nbgrader runs: no other student's notebook is rendered as bob's
+    assert pipeline.feedback(course, SPEC, ["bob"]) == [f"bob: no feedback: {results[0].reason}"]
 
 
 def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
