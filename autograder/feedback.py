@@ -14,13 +14,15 @@ from nbconvert.preprocessors import Preprocessor
 from nbformat.v4 import new_output
 from traitlets import Bool, Unicode
 
+from autograder.records import clean_reason
+
 
 def verdict_text(result: dict) -> str:
     if not result.get("counted", True):
         head = f"not graded on this hardware ({result['max_score']:g} points left out of the total)"
     else:
         head = f"{result['score']:g} / {result['max_score']:g} points"
-    return f"Autograder verdict for '{result['item']}': {head} [{result['status']}]\n{result['reason']}\n"
+    return f"Autograder verdict for '{result['item']}': {head} [{result['status']}]\n{clean_reason(result['reason'])}\n"
 
 
 class TrustedVerdicts(Preprocessor):

@@ -86,7 +86,7 @@ def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) ->
         try:
             nb = notebook.read_notebook(course.submitted(student, lab.name))
         except notebook.NotebookError as exc:
-            failures.append(f"{student}: no feedback: {exc}")
+            failures.append(f"{student}: no feedback: {records.clean_reason(exc)}")
             continue
         target = course.autograded(student, lab.name)
         if not target.exists():
@@ -106,7 +106,8 @@ def report_rows(course: Course) -> list[dict]:
             rows.append({
                 "student": record["student"], "lab": record["lab"], "item": item["item"],
                 "score": item["score"], "max_score": item["max_score"],
-                "status": item["status"], "reason": item["reason"],
+                # Records written before reasons were capped may still hold any text.
+                "status": item["status"], "reason": records.clean_reason(item["reason"]),
             })
     return rows
 
@@ -114,7 +115,8 @@ def report_rows(course: Course) -> list[dict]:
 def write_report(course: Course, csv_path: Path) -> tuple[Path, Path]:
     """The CSV (one row per student, lab and item) and, beside it, the full grading records."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with csv_path.open("w", newline="") as f:
+    # A student folder's name is whatever bytes the file system allows: never let one stop the report.
+    with csv_path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=REPORT_COLUMNS)
         writer.writeheader()
         writer.writerows(report_rows(course))

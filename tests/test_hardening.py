@@ -1,16 +1,19 @@
 """Hostile submissions against the parts of the autograder that read, record and report them."""
 
+import csv
 import json
 import os
 import stat
 import threading
 
 import pytest
+from nbconvert.filters.markdown import markdown2html
 
-from autograder import cli, notebook, pipeline
+from autograder import cli, gradebook, notebook, pipeline, records
 from autograder.course import Course, write_config
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import Item, LabSpec
+from autograder.feedback import verdict_text
 
 LAB = "01_gemm"
 SPEC = LabSpec(LAB, [Item("f_test", 2.0, ("f_code",), make_inputs=lambda seed, params: {})])
@@ -101,6 +104,68 @@ def test_a_linked_student_folder_gets_a_named_zero_and_no_feedback(course):
     assert "symbolic link" in results[0].reason
     # feedback refuses before nbgrader runs: no other student's notebook is rendered as bob's
     assert pipeline.feedback(course, SPEC, ["bob"]) == [f"bob: no feedback: {results[0].reason}"]
+
+
+HOSTILE_REASON = "<script>alert(1)</script> [x](javascript:alert(1)) \x00\x1b[2J\ud800\u202e" + "y" * (20 << 20)
+
+
+def test_reasons_are_capped_and_cleaned_in_records_and_report(tmp_path):
+    course = Course(tmp_path / "course")
+    item = {"item": "f_test", "score": 0.0, "max_score": 2.0, "status": "error", "reason": HOSTILE_REASON, "counted": True}
+    path = records.write(course.records, LAB, "mallory", profile="cpu", seed=1, items=[item], nbgrader={})
+    assert path.stat().st_size < 100_000
+    reason = records.read_all(course.records)[0]["items"][0]["reason"]
+    assert len(reason) <= records.MAX_REASON_CHARS and "\x00" not in reason and "\x1b" not in reason
+    csv_path, _ = pipeline.write_report(course, tmp_path / "report.csv")
+    with csv_path.open(newline="") as f:
+        (row,) = csv.DictReader(f)
+    assert row["reason"] == reason
+    assert len(verdict_text(item)) < records.MAX_REASON_CHARS + 200
+
+
+class FakeGradebook:
+    """Just what write_scores touches of nbgrader's Gradebook."""
+
+    def __init__(self, db_url):
+        self.grade, self.comment = type("Grade", (), {})(), type("Comment", (), {})()
+        self.db = type("Db", (), {"commit": lambda self: None})()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update_or_create_student(self, student):
+        pass
+
+    def find_submission(self, lab, student):
+        pass
+
+    def find_grade(self, *args):
+        return self.grade
+
+    def find_comment(self, *args):
+        return self.comment
+
+
+def test_gradebook_comment_renders_as_text(monkeypatch):
+    books = []
+    monkeypatch.setattr(gradebook, "Gradebook", lambda url: books.append(FakeGradebook(url)) or books[-1])
+    item = {"item": "f_test", "score": 0.0, "max_score": 2.0, "status": "error", "reason": HOSTILE_REASON, "counted": True}
+    gradebook.write_scores("sqlite://", SPEC, "mallory", [item])
+    comment = books[0].comment.auto_comment
+    assert len(comment) < 2 * records.MAX_REASON_CHARS
+    # nbgrader's feedback template renders comments with markdown2html
+    shown = markdown2html(comment)
+    assert "<script" not in shown and "<a " not in shown and "&lt;script&gt;" in shown
+
+
+def test_cli_table_keeps_one_line_per_row():
+    row = {"student": "eve\x1b[1A\nfake", "lab": LAB, "item": "f_test", "score": 2.0, "max_score": 2.0,
+           "status": "passed", "reason": "ok\rfake 9/9"}
+    table = cli.format_table([row])
+    assert "\x1b" not in table and "\r" not in table and len(table.splitlines()) == 4
 
 
 def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
