@@ -1,7 +1,7 @@
 """Reading a submitted notebook without executing it: graded cells by grade_id, and tampering.
 
-A submission is compared with the release the student was given: a test cell that is missing or
-whose source differs from the release costs its item, with the reason named.
+A submission is compared with the release the student was given: a test cell that is missing,
+duplicated or whose source differs from the release costs its item, with the reason named.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 UNANSWERED = "raise NotImplementedError()"
@@ -31,27 +31,31 @@ class NotebookError(Exception):
 class GradedCells:
     solutions: dict[str, str]  # grade_id -> source
     tests: dict[str, str]
+    duplicates: frozenset[str] = field(default_factory=frozenset)  # grade_ids on more than one cell
 
 
 def _source(cell: dict) -> str:
     src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else str(src)
+    return "".join(map(str, src)) if isinstance(src, list) else str(src)
 
 
 def graded_cells(nb: dict) -> GradedCells:
-    solutions, tests = {}, {}
+    solutions, tests, seen, duplicates = {}, {}, set(), set()
     for cell in nb.get("cells", []):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        meta = (cell.get("metadata") or {}).get("nbgrader") or {}
-        grade_id = meta.get("grade_id")
+        meta = cell.get("metadata") if isinstance(cell, dict) else None
+        meta = meta.get("nbgrader") if isinstance(meta, dict) else None
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
         if not isinstance(grade_id, str):
+            continue
+        # Two cells under one id make it ambiguous which one nbgrader ran and which one is graded.
+        (duplicates if grade_id in seen else seen).add(grade_id)
+        if cell.get("cell_type") != "code":
             continue
         if meta.get("solution"):
             solutions[grade_id] = _source(cell)
         elif meta.get("grade"):
             tests[grade_id] = _source(cell)
-    return GradedCells(solutions, tests)
+    return GradedCells(solutions, tests, frozenset(duplicates))
 
 
 def _refused(name: str, mode: int, expected: str) -> NotebookError:
@@ -126,10 +130,14 @@ def _normalise(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
 
 
-def test_cell_problem(test_id: str, submitted: GradedCells, released: GradedCells) -> str | None:
-    """Why the item's test cell disqualifies it, or None when it is as released."""
+def test_cell_problem(test_id: str, submitted: GradedCells, released: GradedCells,
+                      solution_ids: tuple[str, ...] = ()) -> str | None:
+    """Why the item counts as tampered with (its test cell, or one of ``solution_ids``), or None."""
     if test_id not in submitted.tests:
         return f"test cell '{test_id}' was deleted"
+    duplicated = [c for c in (test_id, *solution_ids) if c in submitted.duplicates]
+    if duplicated:
+        return f"cell id '{duplicated[0]}' appears on more than one cell (duplicated grade_id)"
     if _normalise(submitted.tests[test_id]) != _normalise(released.tests.get(test_id, "")):
         return f"test cell '{test_id}' was edited (test cells are locked)"
     return None
@@ -137,6 +145,9 @@ def test_cell_problem(test_id: str, submitted: GradedCells, released: GradedCell
 
 def solution_problem(cell_ids: tuple[str, ...], submitted: GradedCells, released: GradedCells) -> str | None:
     """Why the item cannot be graded from its solution cells, or None."""
+    duplicated = [c for c in cell_ids if c in submitted.duplicates]
+    if duplicated:
+        return f"solution cell '{duplicated[0]}' appears on more than one cell (duplicated grade_id)"
     missing = [c for c in cell_ids if c not in submitted.solutions]
     if missing:
         return f"solution cell '{missing[0]}' is missing"
@@ -147,3 +158,4 @@ def solution_problem(cell_ids: tuple[str, ...], submitted: GradedCells, released
     if untouched:
         return f"not attempted: solution cell '{untouched[0]}' is as released"
     return None
+

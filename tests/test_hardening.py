@@ -168,6 +168,32 @@ def test_cli_table_keeps_one_line_per_row():
     assert "\x1b" not in table and "\r" not in table and len(table.splitlines()) == 4
 
 
+def test_duplicated_grade_ids_are_tampering():
+    released = notebook.graded_cells(nb(cell("f_code", "raise NotImplementedError()", solution=True),
+                                        cell("f_test", "assert f()", grade=True)))
+    two_tests = notebook.graded_cells(nb(cell("f_code", "f = 1", solution=True), cell("f_test", "assert f()", grade=True),
+                                         cell("f_test", "assert f()", grade=True)))
+    assert "duplicated grade_id" in notebook.test_cell_problem("f_test", two_tests, released)
+    two_solutions = notebook.graded_cells(nb(cell("f_code", "f = 1", solution=True), cell("f_code", "f = 2", solution=True),
+                                             cell("f_test", "assert f()", grade=True)))
+    assert notebook.test_cell_problem("f_test", two_solutions, released) is None
+    assert "'f_code'" in notebook.test_cell_problem("f_test", two_solutions, released, ("f_code",))
+    assert "duplicated grade_id" in notebook.solution_problem(("f_code",), two_solutions, released)
+    markdown_twin = notebook.graded_cells(nb(cell("f_code", "f = 1", solution=True),
+                                             cell("f_code", "text", solution=True, cell_type="markdown")))
+    assert "f_code" in markdown_twin.duplicates
+
+
+def test_hostile_cell_metadata_is_ignored_not_fatal():
+    cells = notebook.graded_cells(nb(
+        {"cell_type": "code", "metadata": [1], "source": ""},
+        {"cell_type": "code", "metadata": {"nbgrader": "x"}, "source": ""},
+        7,
+        cell("f_code", [1, "x"], solution=True),
+    ))
+    assert cells.solutions == {"f_code": "1x"}
+
+
 def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     course = cli._course(cli.parser().parse_args(["--course", "rel", "build"]))
