@@ -29,8 +29,8 @@ TEST_DEFAULTS = {"grade": True, "locked": True, "schema_version": 3, "solution":
 
 CONFIG = """\
 # Written by `python -m autograder build`; edit autograder/course.py instead.
-from autograder.feedback import TrustedVerdicts
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from autograder.feedback import ClearHiddenTestsInTestCells, TrustedVerdicts
+from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 c = get_config()
@@ -44,7 +44,7 @@ c.Execute.allow_errors = True
 # A test cell a student deleted comes back from the source; the trusted engine still costs it.
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False
-c.GenerateFeedback.preprocessors = [ClearHiddenTests, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
+c.GenerateFeedback.preprocessors = [ClearHiddenTestsInTestCells, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
 c.TrustedVerdicts.records_dir = {records!r}
 """
 

@@ -8,6 +8,9 @@ import threading
 
 import pytest
 from nbconvert.filters.markdown import markdown2html
+from nbformat.v4 import new_code_cell, new_notebook
+from nbgrader.preprocessors import ClearHiddenTests
+from traitlets.config import Config
 
 from autograder import cli, gradebook, notebook, pipeline, records
 from autograder.course import Course, write_config
@@ -192,6 +195,22 @@ def test_hostile_cell_metadata_is_ignored_not_fatal():
         cell("f_code", [1, "x"], solution=True),
     ))
     assert cells.solutions == {"f_code": "1x"}
+
+
+def test_hidden_test_markers_in_a_student_cell_are_left_alone(tmp_path):
+    course = Course(tmp_path / "course")
+    write_config(course)
+    config = Config()
+    exec((course.root / "nbgrader_config.py").read_text(), {"get_config": lambda: config})
+    (clear,) = [p for p in config.GenerateFeedback.preprocessors if issubclass(p, ClearHiddenTests)]
+    student = "### BEGIN HIDDEN TESTS\ndef f():\n    return 1"
+    test = "assert f() == 1\n### BEGIN HIDDEN TESTS\nassert f() != 2\n### END HIDDEN TESTS"
+    book = new_notebook(cells=[new_code_cell(student), new_code_cell(test)])
+    book.cells[0].metadata["nbgrader"] = {"grade_id": "f_code", "solution": True, "grade": False}
+    book.cells[1].metadata["nbgrader"] = {"grade_id": "f_test", "solution": False, "grade": True}
+    book, _ = clear(config=config).preprocess(book, {})
+    assert book.cells[0].source == student
+    assert book.cells[1].source == "assert f() == 1"
 
 
 def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
