@@ -11,6 +11,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autograder.engine.items import Item
 
 UNANSWERED = "raise NotImplementedError()"
 # Far above any lab notebook with its outputs; anything larger is refused before it is parsed.
@@ -159,3 +163,8 @@ def solution_problem(cell_ids: tuple[str, ...], submitted: GradedCells, released
         return f"not attempted: solution cell '{untouched[0]}' is as released"
     return None
 
+
+def needs_gpu(item: Item, profile: dict) -> bool:
+    """A speed item on a profile without a GPU is left out of the total, whatever the notebook holds."""
+    # speed_on_cpu exists to exercise the timing protocol in tests; no real profile sets it.
+    return item.is_speed and not (profile.get("gpu") or profile.get("speed_on_cpu"))

@@ -213,6 +213,17 @@ def test_hidden_test_markers_in_a_student_cell_are_left_alone(tmp_path):
     assert book.cells[1].source == "assert f() == 1"
 
 
+@pytest.mark.parametrize("kind, profile, left_out", [
+    ("speed", {"name": "cpu"}, True),
+    ("speed", {"name": "h100", "gpu": True}, False),
+    ("speed", {"name": "cpu", "speed_on_cpu": True}, False),
+    ("correctness", {"name": "cpu"}, False),
+])
+def test_speed_points_need_a_gpu_whatever_the_notebook(kind, profile, left_out):
+    item = Item("x", 1.0, (), make_inputs=lambda seed, params: {}, kind=kind)
+    assert notebook.needs_gpu(item, profile) is left_out
+
+
 def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     course = cli._course(cli.parser().parse_args(["--course", "rel", "build"]))
