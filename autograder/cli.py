@@ -22,15 +22,22 @@ def _seed(args) -> int:
     return args.seed if args.seed is not None else fresh_seed()
 
 
+def _shown(text: str) -> str:
+    """``text`` on one terminal line: student folder names and output must not move the cursor,
+    recolour or add rows to what the instructor reads."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
 def format_table(rows: list[dict]) -> str:
     lines = [f"{'student':<22} {'lab':<13} {'item':<20} {'score':>9}  {'status':<16} reason"]
     for r in rows:
         score = f"{r['score']:g}/{r['max_score']:g}"
-        lines.append(f"{r['student']:<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {r['reason'][:90]}")
+        reason = _shown(r["reason"][:90])
+        lines.append(f"{_shown(r['student']):<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {reason}")
     lines.append("")
     for (student, lab), t in sorted(pipeline.totals(rows).items()):
         note = f"  ({t['left_out']:g} points need a GPU: left out of the total)" if t["left_out"] else ""
-        lines.append(f"total {student:<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
+        lines.append(f"total {_shown(student):<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
     return "\n".join(lines)
 
 
@@ -38,7 +45,7 @@ def _print_failures(failures: list[str]) -> None:
     if failures:
         print(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
         for f in failures:
-            print(f"  - {f}")
+            print(f"  - {_shown(f)}")
 
 
 def cmd_build(args) -> int:

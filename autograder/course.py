@@ -29,8 +29,8 @@ TEST_DEFAULTS = {"grade": True, "locked": True, "schema_version": 3, "solution":
 
 CONFIG = """\
 # Written by `python -m autograder build`; edit autograder/course.py instead.
-from autograder.feedback import TrustedVerdicts
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from autograder.feedback import ClearHiddenTestsInTestCells, TrustedVerdicts
+from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 c = get_config()
@@ -46,7 +46,7 @@ c.Execute.kernel_manager_class = "autograder.engine.kernel_jail.JailedKernelMana
 # A test cell a student deleted comes back from the source; the trusted engine still costs it.
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False
-c.GenerateFeedback.preprocessors = [ClearHiddenTests, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
+c.GenerateFeedback.preprocessors = [ClearHiddenTestsInTestCells, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
 c.TrustedVerdicts.records_dir = {records!r}
 """
 
@@ -54,6 +54,12 @@ c.TrustedVerdicts.records_dir = {records!r}
 @dataclass(frozen=True)
 class Course:
     root: Path
+
+    def __post_init__(self):
+        # nbgrader runs with the course folder as its working directory and the paths in its
+        # config are read from there, so a relative root would point elsewhere. Links are resolved
+        # here, once: past the root, a submission is read only through real folders (notebook.py).
+        object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
 
     @classmethod
     def default(cls) -> "Course":
@@ -87,8 +93,10 @@ class Course:
         return self.root / "records"
 
     def students(self, lab: str) -> list[str]:
+        """Everyone with an entry for ``lab``, links and odd files included: grading refuses
+        those with a named reason rather than leaving the student out unseen."""
         base = self.root / "submitted"
-        return sorted(p.name for p in base.iterdir() if (p / lab).is_dir()) if base.exists() else []
+        return sorted(p.name for p in base.iterdir() if os.path.lexists(p / lab)) if base.exists() else []
 
     def nbgrader(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         """Run one nbgrader command in the course folder; the caller decides what failure means."""

@@ -12,7 +12,15 @@ from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
 from nbformat.v4 import new_output
+from nbgrader.preprocessors import ClearHiddenTests
 from traitlets import Bool, Unicode
+
+from autograder.records import clean_reason
+
+
+def _is_test_cell(cell) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
 def verdict_text(result: dict) -> str:
@@ -20,7 +28,21 @@ def verdict_text(result: dict) -> str:
         head = f"not graded on this hardware ({result['max_score']:g} points left out of the total)"
     else:
         head = f"{result['score']:g} / {result['max_score']:g} points"
-    return f"Autograder verdict for '{result['item']}': {head} [{result['status']}]\n{result['reason']}\n"
+    return f"Autograder verdict for '{result['item']}': {head} [{result['status']}]\n{clean_reason(result['reason'])}\n"
+
+
+class ClearHiddenTestsInTestCells(ClearHiddenTests):
+    """nbgrader's hidden-test removal, applied to test cells only.
+
+    nbgrader looks for the markers in every cell, so a student who types one in their own cell
+    loses lines of their code from the feedback, or all of it when the region never closes. Hidden
+    tests live only in test cells, whose source the autograded notebook takes from the instructor's.
+    """
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if _is_test_cell(cell):
+            return super().preprocess_cell(cell, resources, cell_index)
+        return cell, resources
 
 
 class TrustedVerdicts(Preprocessor):
@@ -35,10 +57,9 @@ class TrustedVerdicts(Preprocessor):
         if path.exists():
             results = {r["item"]: r for r in json.loads(path.read_text())["items"]}
         for cell in nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+            if not _is_test_cell(cell):
                 continue
-            result = results.get(meta.get("grade_id"))
+            result = results.get(cell.metadata["nbgrader"].get("grade_id"))
             text = verdict_text(result) if result else "This item has no verdict from the autograder.\n"
             cell.outputs = [new_output("stream", name="stdout", text=text)]
             cell.execution_count = None

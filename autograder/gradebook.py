@@ -7,9 +7,23 @@ the engine's figure. The reasons become comments on the item's solution cells.
 
 from __future__ import annotations
 
+import html
+import re
+
 from nbgrader.api import Gradebook, MissingEntry
 
 from autograder.engine.items import LabSpec
+from autograder.records import clean_reason
+
+# nbgrader's feedback renders comments as Markdown, raw HTML and links included: a reason that
+# quotes student output must come out as text. HTML is escaped; backslashes and brackets are
+# escaped so that no link or image can be formed.
+_MARKDOWN_SPECIAL = re.compile(r"([\\\[\]])")
+
+
+def comment_line(item: str, status: str, reason: object) -> str:
+    text = html.escape(f"{item}: {status} - {clean_reason(reason)}", quote=False)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict]) -> None:
@@ -28,7 +42,7 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict]) -
             grade.manual_score = result["score"] if result["counted"] else 0.0
             grade.needs_manual_grade = False
             for cell in item.cells:
-                comments.setdefault(cell, []).append(f"{item.name}: {result['status']} - {result['reason']}")
+                comments.setdefault(cell, []).append(comment_line(item.name, result["status"], result["reason"]))
         for cell, lines in comments.items():
             try:
                 comment = gb.find_comment(cell, lab.name, lab.name, student)

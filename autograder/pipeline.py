@@ -10,13 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import gradebook, records
+from autograder import gradebook, notebook, records
 from autograder.course import Course
 from autograder.engine import bwrap, kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
@@ -100,16 +99,18 @@ def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) ->
     """HTML feedback per student; returns the failures."""
     failures = []
     for student in students or course.students(lab.name):
-        if not course.autograded(student, lab.name).exists():
+        # What nbgrader autograded may have been read through a link to another student's
+        # notebook: feedback is made only for a submission the engine itself could read.
+        try:
+            nb = notebook.read_notebook(course.submitted(student, lab.name))
+        except notebook.NotebookError as exc:
+            failures.append(f"{student}: no feedback: {records.clean_reason(exc)}")
+            continue
+        target = course.autograded(student, lab.name)
+        if not target.exists():
             # nbgrader could not execute this notebook; feedback starts from the submission.
-            target = course.autograded(student, lab.name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                json.loads(course.submitted(student, lab.name).read_text())
-                shutil.copy(course.submitted(student, lab.name), target)
-            except (OSError, ValueError):
-                failures.append(f"{student}: no feedback: the submission is not a readable notebook")
-                continue
+            target.write_text(json.dumps(nb))
         done = course.nbgrader("generate_feedback", lab.name, "--student", student, "--force")
         if done.returncode != 0:
             failures.append(f"{student}: nbgrader generate_feedback failed: {done.stderr[-500:]}")
@@ -123,7 +124,8 @@ def report_rows(course: Course) -> list[dict]:
             rows.append({
                 "student": record["student"], "lab": record["lab"], "item": item["item"],
                 "score": item["score"], "max_score": item["max_score"],
-                "status": item["status"], "reason": item["reason"],
+                # Records written before reasons were capped may still hold any text.
+                "status": item["status"], "reason": records.clean_reason(item["reason"]),
             })
     return rows
 
@@ -131,7 +133,8 @@ def report_rows(course: Course) -> list[dict]:
 def write_report(course: Course, csv_path: Path) -> tuple[Path, Path]:
     """The CSV (one row per student, lab and item) and, beside it, the full grading records."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    with csv_path.open("w", newline="") as f:
+    # A student folder's name is whatever bytes the file system allows: never let one stop the report.
+    with csv_path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=REPORT_COLUMNS)
         writer.writeheader()
         writer.writerows(report_rows(course))

@@ -9,10 +9,23 @@ from __future__ import annotations
 import json
 import platform
 import time
+import unicodedata
 from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("torch", "triton", "nbgrader", "numpy", "fastdl-lab")
+# A reason can quote what student code raised or printed: long enough to name the problem, short
+# enough that no submission can flood a record, the report, the gradebook or the feedback.
+MAX_REASON_CHARS = 300
+
+
+def clean_reason(reason: object) -> str:
+    """``reason`` capped, with control and format characters (NUL, escapes, bidi overrides, lone
+    surrogates) replaced: they break CSV readers and UTF-8 writers, or disguise text on screen."""
+    text = str(reason)
+    cut = len(text) > MAX_REASON_CHARS
+    text = "".join(ch if ch in "\n\t" or unicodedata.category(ch)[0] != "C" else "?" for ch in text[:MAX_REASON_CHARS])
+    return text[: MAX_REASON_CHARS - 1] + "…" if cut else text
 
 
 def versions() -> dict[str, str]:
@@ -43,7 +56,7 @@ def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int,
         "hardware": hardware(),
         "versions": versions(),
         "nbgrader": nbgrader,
-        "items": items,
+        "items": [{**item, "reason": clean_reason(item["reason"])} for item in items],
     }
     path.write_text(json.dumps(record, indent=2, default=str))
     return path
