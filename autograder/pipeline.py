@@ -77,7 +77,13 @@ def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,
     for student in students or course.students(lab.name):
         summary.students.append(student)
         started = time.monotonic()
-        nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout, env)
+        try:
+            # nbgrader follows links and reads any size: a submission the engine refuses never
+            # reaches it (a link to another student's notebook would be graded as this one's).
+            notebook.read_notebook(course.submitted(student, lab.name))
+            nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout, env)
+        except notebook.NotebookError as exc:
+            nb_run = {"returncode": None, "message": records.clean_reason(f"not given to nbgrader: {exc}")}
         nb_run["seconds"] = round(time.monotonic() - started, 2)
         if nb_run["message"]:
             summary.failures.append(f"{student}: {nb_run['message']}")

@@ -230,3 +230,15 @@ def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
     assert course.root == (tmp_path / "rel").resolve()
     write_config(course)
     assert f"c.CourseDirectory.root = {str(course.root)!r}" in (course.root / "nbgrader_config.py").read_text()
+
+
+def test_an_invalid_notebook_leaves_speed_points_out_on_the_cpu(tmp_path):
+    make = lambda seed, params: {}  # noqa: E731
+    lab = LabSpec("01_gemm", [Item("f_test", 2.0, ("f_code",), make),
+                              Item("f_speed", 1.0, ("f_code",), make, kind="speed")])
+    path = tmp_path / "nb.ipynb"
+    path.write_text("{")
+    results = grade_submission(lab, path, release=path, profile={"name": "cpu"}, seed=0, student_package=tmp_path)
+    rows = [{"student": "s", "lab": lab.name, **r.as_dict()} for r in results]
+    assert [(r["status"], r["counted"]) for r in rows] == [("invalid_notebook", True), ("needs_gpu", False)]
+    assert pipeline.totals(rows)[("s", lab.name)] == {"score": 0.0, "max": 2.0, "left_out": 1.0}

@@ -27,13 +27,13 @@ import torch
 
 import autograder
 from autograder import notebook, profiles
+from autograder.records import clean_reason
 from autograder.engine import bwrap, kernels
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
 UNISOLATED = "UNSAFE, graded without isolation (--unsafe-no-isolation): "
-REASON_CHARS = 300
 OUTPUTS_CAP = 2 << 30
 ERROR_CAP = 64 << 10
 # Where the student copy of the package and the grader's driver code appear inside the sandbox.
@@ -126,11 +126,6 @@ def read_regular(path: str, cap: int) -> bytes:
     return data
 
 
-def cap_reason(text: str) -> str:
-    text = text.replace("\x00", "")
-    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
-
-
 class _Workdir:
     """A private directory, owned by the sandboxed uid, holding one child's job and results."""
 
@@ -193,11 +188,11 @@ def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:
         status, message = reported
         if status == "error":
             message = f"your code raised {message}"
-        return ItemResult(item.name, 0.0, item.points, status, cap_reason(message))
+        return ItemResult(item.name, 0.0, item.points, status, clean_reason(message))
     reason = result.reason
     if result.status == "error":
         reason = f"{result.reason}: {result.output_tail[-200:].strip()}"
-    return ItemResult(item.name, 0.0, item.points, result.status, cap_reason(reason),
+    return ItemResult(item.name, 0.0, item.points, result.status, clean_reason(reason),
                       details={"output_tail": result.output_tail[-1000:]})
 
 
@@ -220,7 +215,7 @@ def _read_outputs(work: _Workdir):
 def _from_verdict(item: Item, verdict: Verdict, wall_s: float) -> ItemResult:
     fraction = min(1.0, max(0.0, float(verdict.fraction)))
     status = "passed" if fraction == 1.0 else "partial" if fraction > 0 else "failed"
-    return ItemResult(item.name, round(item.points * fraction, 4), item.points, status, cap_reason(verdict.reason),
+    return ItemResult(item.name, round(item.points * fraction, 4), item.points, status, clean_reason(verdict.reason),
                       True, wall_s, verdict.details)
 
 
@@ -242,7 +237,7 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
     try:
         work = _Workdir(lab, item, cells, inputs, mode=mode, params=params)
     except kernels.KernelRejected as exc:
-        return ItemResult(item.name, 0.0, item.points, "not_a_kernel", cap_reason(str(exc)))
+        return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
     try:
         result = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
         if not result.ok:
@@ -264,10 +259,10 @@ def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: 
         if not all(samples.values()) or min(samples["candidate"] + samples["baseline"]) <= 0:
             raise ValueError("no positive timings")
     except (TypeError, KeyError, ValueError) as exc:
-        return ItemResult(item.name, 0.0, item.points, "failed", cap_reason(f"timings could not be read: {exc}"))
+        return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timings could not be read: {exc}"))
     verdict = _judge(item, inputs, outputs, params)
     if verdict.fraction < 1:
-        return ItemResult(item.name, 0.0, item.points, "failed", cap_reason(f"timed output is wrong: {verdict.reason}"),
+        return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timed output is wrong: {verdict.reason}"),
                           details=samples)
     speedup = median(samples["baseline"]) / median(samples["candidate"])
     target = float(params.get("min_speedup", 1.0))
@@ -287,7 +282,9 @@ def grade_submission(
     try:
         submitted = notebook.graded_cells(notebook.read_notebook(path))
     except notebook.NotebookError as exc:
-        return [ItemResult(it.name, 0.0, it.points, "invalid_notebook", str(exc)) for it in items]
+        return [ItemResult(it.name, 0.0, it.points, "needs_gpu", NEEDS_GPU, counted=False)
+                if notebook.needs_gpu(it, profile) else
+                ItemResult(it.name, 0.0, it.points, "invalid_notebook", clean_reason(exc)) for it in items]
     released = notebook.graded_cells(notebook.read_notebook(release))
     sandbox = Sandbox(Path(student_package), profile, isolated)
 
@@ -299,12 +296,11 @@ def grade_submission(
 
     def _grade_one(item: Item) -> ItemResult:
         started = time.monotonic()
-        problem = notebook.test_cell_problem(item.name, submitted, released)
-        if problem:
-            return ItemResult(item.name, 0.0, item.points, "tampered", problem)
-        # speed_on_cpu exists to exercise the timing protocol in tests; no real profile sets it.
-        if item.is_speed and not (profile.get("gpu") or profile.get("speed_on_cpu")):
+        if notebook.needs_gpu(item, profile):
             return ItemResult(item.name, 0.0, item.points, "needs_gpu", NEEDS_GPU, counted=False)
+        problem = notebook.test_cell_problem(item.name, submitted, released, item.cells)
+        if problem:
+            return ItemResult(item.name, 0.0, item.points, "tampered", clean_reason(problem))
         problem = notebook.solution_problem(item.cells, submitted, released)
         if problem:
             status = "unanswered" if problem.startswith("not attempted") else "missing"

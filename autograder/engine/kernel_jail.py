@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager
 
 from autograder.engine import bwrap
 
@@ -31,7 +31,7 @@ GPU_VAR = "FASTDL_GPU"
 UNSAFE_VAR = "FASTDL_UNSAFE_NO_ISOLATION"
 
 
-class JailedKernelManager(KernelManager):
+class JailedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels start in the sandbox (unless grading runs unisolated)."""
 
     def format_kernel_cmd(self, extra_arguments=None):
@@ -81,6 +81,9 @@ def _forward(proc: subprocess.Popen):
 
 
 def main(connection_file: str) -> int:
+    from autograder.engine.sandbox import die_with_parent
+
+    die_with_parent()  # nbgrader gone, kernel gone (bubblewrap dies with this process in turn)
     package = os.environ.get(STUDENT_PACKAGE_VAR)
     if not package or not Path(package).is_dir():
         print(f"kernel_jail: {STUDENT_PACKAGE_VAR} must name the student copy of the package", file=sys.stderr)

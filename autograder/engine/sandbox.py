@@ -25,6 +25,7 @@ from autograder.engine import bwrap
 from autograder.engine.jail import Jail
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # bubblewrap's monitor and the init of the pid namespace it creates.
@@ -63,6 +64,14 @@ class ChildResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+def die_with_parent() -> None:
+    """The kernel kills this process when its parent dies: an interrupted grader leaves nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _unshare_network() -> bool:
@@ -154,6 +163,7 @@ def run_sandboxed(
 
     def preexec() -> None:
         os.setsid()
+        die_with_parent()
         if jail is not None:
             jail.enter()
         cpu = max(1, int(limits.cpu_s))

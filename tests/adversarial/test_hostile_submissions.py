@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.engine.grade import REASON_CHARS, grade_submission
+from autograder.engine.grade import grade_submission
+from autograder.records import MAX_REASON_CHARS
 from autograder.engine.items import load_lab
 from autograder.submissions import variant
 
@@ -85,7 +86,7 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
         else:
             assert result.score == 0, f"{item} scored {result.score}: {result.reason}"
         assert result.reason, f"{item}: a verdict without a reason"
-        assert len(result.reason) <= REASON_CHARS
+        assert len(result.reason) <= MAX_REASON_CHARS
     # Nothing outside the sandbox was written, planted or left running.
     assert not PWNED.exists()
     assert not list((Path(__file__).resolve().parents[2] / "autograder" / "labs").glob("lab99_*"))
