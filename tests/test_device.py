@@ -103,8 +103,8 @@ def test_describe_summarises_the_machine():
     assert device.profile_name() in text
 
 
+@pytest.mark.skipif(not device.interpreting(), reason="the interpreter's dtype gate; a GPU compiles instead")
 def test_kernel_tensor_gate_names_the_problem():
-    assert device.interpreting()
     device.check_kernel_tensor(torch.zeros(2, dtype=torch.float16))
     with pytest.raises(ValueError, match="not supported"):
         device.check_kernel_tensor(torch.zeros(2, dtype=torch.int32))
