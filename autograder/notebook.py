@@ -168,3 +168,42 @@ def needs_gpu(item: Item, profile: dict) -> bool:
     """A speed item on a profile without a GPU is left out of the total, whatever the notebook holds."""
     # speed_on_cpu exists to exercise the timing protocol in tests; no real profile sets it.
     return item.is_speed and not (profile.get("gpu") or profile.get("speed_on_cpu"))
+
+
+# nbgrader keeps every byte a kernel printed in the executed notebook, and feedback renders it all.
+MAX_OUTPUT_CHARS = 20_000
+TRUNCATED = "\n[... output cut by the grader: {} more characters]\n"
+
+
+def _cap(text, limit: int) -> str:
+    text = "".join(text) if isinstance(text, list) else str(text)
+    # The slack keeps a cut text (limit plus the marker) from being cut again.
+    return text if len(text) <= limit + 100 else text[:limit] + TRUNCATED.format(len(text) - limit)
+
+
+def cap_outputs(path: Path, limit: int = MAX_OUTPUT_CHARS) -> bool:
+    """Cut every stream, error and text output of the executed notebook at ``path`` to ``limit``
+    characters; True when something was cut. A missing or unreadable file is left alone."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    cut = False
+    for cell in nb.get("cells", []) if isinstance(nb, dict) else []:
+        for output in cell.get("outputs", []) if isinstance(cell, dict) else []:
+            if not isinstance(output, dict):
+                continue
+            fields = [("text", output)] if "text" in output else []
+            fields += [(key, output["data"]) for key in ("text/plain", "text/html")
+                       if isinstance(output.get("data"), dict) and key in output["data"]]
+            if output.get("output_type") == "error" and isinstance(output.get("traceback"), list):
+                lines = [_cap(line, limit) for line in output["traceback"][:50]]
+                cut |= lines != output["traceback"]
+                output["traceback"] = lines
+            for key, holder in fields:
+                capped = _cap(holder[key], limit)
+                cut |= capped != ("".join(holder[key]) if isinstance(holder[key], list) else holder[key])
+                holder[key] = capped
+    if cut:
+        Path(path).write_text(json.dumps(nb), encoding="utf-8")
+    return cut

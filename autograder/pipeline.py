@@ -82,6 +82,7 @@ def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,
             # reaches it (a link to another student's notebook would be graded as this one's).
             notebook.read_notebook(course.submitted(student, lab.name))
             nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout, env)
+            nb_run["outputs_cut"] = notebook.cap_outputs(course.autograded(student, lab.name))
         except notebook.NotebookError as exc:
             nb_run = {"returncode": None, "message": records.clean_reason(f"not given to nbgrader: {exc}")}
         nb_run["seconds"] = round(time.monotonic() - started, 2)

@@ -242,3 +242,16 @@ def test_an_invalid_notebook_leaves_speed_points_out_on_the_cpu(tmp_path):
     rows = [{"student": "s", "lab": lab.name, **r.as_dict()} for r in results]
     assert [(r["status"], r["counted"]) for r in rows] == [("invalid_notebook", True), ("needs_gpu", False)]
     assert pipeline.totals(rows)[("s", lab.name)] == {"score": 0.0, "max": 2.0, "left_out": 1.0}
+
+
+def test_a_flood_kept_by_nbgrader_is_cut_before_feedback(tmp_path):
+    nb = new_notebook(cells=[new_code_cell("print('x' * 10**6)")])
+    nb.cells[0].outputs = [{"output_type": "stream", "name": "stdout", "text": "x" * 10**6},
+                           {"output_type": "error", "ename": "E", "evalue": "v", "traceback": ["y" * 10**6]}]
+    path = tmp_path / "executed.ipynb"
+    path.write_text(json.dumps(nb))
+    assert notebook.cap_outputs(path)
+    cell = json.loads(path.read_text())["cells"][0]
+    assert len(cell["outputs"][0]["text"]) < notebook.MAX_OUTPUT_CHARS + 100
+    assert len(cell["outputs"][1]["traceback"][0]) < notebook.MAX_OUTPUT_CHARS + 100
+    assert not notebook.cap_outputs(path)  # nothing left to cut

@@ -254,9 +254,9 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
 
 def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict) -> ItemResult:
     try:
-        samples = {role: [float(s) for s in timed[f"{role}_s"]] for role in ("candidate", "baseline")}
+        samples = {f"{role}_s": [float(s) for s in timed[f"{role}_s"]] for role in ("candidate", "baseline")}
         outputs = timed["outputs"]
-        if not all(samples.values()) or min(samples["candidate"] + samples["baseline"]) <= 0:
+        if not all(samples.values()) or min(samples["candidate_s"] + samples["baseline_s"]) <= 0:
             raise ValueError("no positive timings")
     except (TypeError, KeyError, ValueError) as exc:
         return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timings could not be read: {exc}"))
@@ -264,7 +264,7 @@ def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: 
     if verdict.fraction < 1:
         return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timed output is wrong: {verdict.reason}"),
                           details=samples)
-    speedup = median(samples["baseline"]) / median(samples["candidate"])
+    speedup = median(samples["baseline_s"]) / median(samples["candidate_s"])
     target = float(params.get("min_speedup", 1.0))
     passed = speedup >= target
     reason = f"speedup {speedup:.2f}x over the baseline (needs {target:.2f}x on the {profile['name']} profile)"

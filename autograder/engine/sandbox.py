@@ -230,6 +230,8 @@ def run_sandboxed(
     output = tail.decode("utf-8", "replace")
     isolated = (view is not None and not view.network) or os.path.exists(marker)
     rc = proc.returncode
+    if view is not None and rc is not None and 128 < rc < 128 + 65:
+        rc = -(rc - 128)  # bubblewrap reports a child killed by signal N as exit status 128 + N
     if verdict:
         status, reason = verdict[0]
     elif rc == 0:

@@ -1,6 +1,6 @@
 # expect: roofline=error
-# Writing outside the sandbox: looks for the course's records and gradebook (the test plants canaries
-# named fastdl-adversarial-canary.* beside them) and for the grader's temporary folder, and overwrites them.
+# Writing outside the sandbox: overwrites the course's records and gradebook wherever it finds them.
+# (The test plants canaries named fastdl-adversarial-canary.* beside them; only those are targeted.)
 # %% grade_id=roofline_code
 import os
 

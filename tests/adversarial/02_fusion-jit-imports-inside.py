@@ -1,4 +1,4 @@
-# expect: softmax_fp32=not_a_kernel
+# expect: softmax_fp32=not_a_kernel softmax_fp16=not_a_kernel softmax_speed=not_a_kernel
 # Library instead of a kernel: the kernel body imports torch by itself and calls torch.softmax.
 # %% grade_id=softmax_kernel_code
 import triton

@@ -1,4 +1,4 @@
-# expect: layernorm_fwd_fp32=not_a_kernel layernorm_bwd=not_a_kernel
+# expect: layernorm_fwd_fp32=not_a_kernel layernorm_bwd=not_a_kernel layernorm_stability=not_a_kernel layernorm_training=not_a_kernel layernorm_speed=not_a_kernel
 # Library instead of a kernel: an object that looks launchable (kernel[grid](...), .fn) and calls F.layer_norm.
 # %% grade_id=layernorm_fwd_code
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-# expect: attention_fwd=not_a_kernel
+# expect: attention_fwd=not_a_kernel attention_speed=not_a_kernel
 # Library instead of a kernel: a second decorator swaps the kernel for scaled_dot_product_attention.
 # %% grade_id=attn_fwd_code
 import torch.nn.functional as F

@@ -94,3 +94,12 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
                and student not in p.parts]
     assert not changed, f"files of the course changed: {changed[:3]}"
     assert _processes_named(DAEMON) == []
+
+
+def test_the_readme_lists_every_hostile_submission_with_its_expected_verdict():
+    readme = (HERE.parents[1] / "README.md").read_text()
+    for fixture in FIXTURES:
+        row = next((line for line in readme.splitlines() if line.startswith(f"| `{fixture.stem}` |")), None)
+        assert row, f"README's security table has no row for {fixture.stem}"
+        for item, statuses in expectations(fixture).items():
+            assert f"{item}: {'/'.join(sorted(statuses))}" in row, f"{fixture.stem}: README shows another verdict"
