@@ -38,6 +38,8 @@ SETPRIV = "/usr/bin/setpriv"
 # is), the linker's cache and Debian's alternatives (cc -> gcc).
 SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.so.cache")
 MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
+# The interpreter as the sandbox sees it: a path with ".." through folders it lacks would not resolve.
+PYTHON = os.path.normpath(os.path.abspath(sys.executable))
 
 
 class IsolationUnavailable(RuntimeError):
@@ -138,7 +140,7 @@ def check() -> None:
         prepare_workdir(tmp)
         probe = "import os; open('/job/ok', 'w').write(str(os.getuid()))"
         try:
-            done = subprocess.run(command([sys.executable, "-c", probe], View(tmp)),
+            done = subprocess.run(command([PYTHON, "-c", probe], View(tmp)),
                                   capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise IsolationUnavailable(f"bubblewrap could not start: {exc}") from exc
@@ -146,6 +148,6 @@ def check() -> None:
         if done.returncode != 0 or not ok.exists() or ok.read_text() != str(NOBODY):
             detail = (done.stderr or "").strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
             raise IsolationUnavailable(
-                f"bubblewrap failed to start a sandboxed process ({detail[0][:200]}); unprivileged user "
-                "namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1) or the grader "
-                "lacks the rights to create namespaces")
+                f"bubblewrap could not run a sandboxed process ({detail[0][:200]}); where that names "
+                "namespaces or permissions, unprivileged user namespaces may be disabled "
+                "(sysctl kernel.unprivileged_userns_clone=1) or the grader lacks the rights to create them")

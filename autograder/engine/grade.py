@@ -178,7 +178,7 @@ def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox) -> ChildResult:
     view = bwrap.View(work.path, read_only={str(sandbox.student_package): STUDENT_DIR,
                                             str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"},
                       gpu=bool(sandbox.profile.get("gpu")))
-    argv = [sys.executable, "-m", "autograder.engine.child", bwrap.JOB]
+    argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]
     return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view)
 
 

@@ -96,7 +96,7 @@ def main(connection_file: str) -> int:
             os.chown(os.path.join(work, "kernel.json"), bwrap.NOBODY, bwrap.NOBODY)
         bwrap.prepare_workdir(work)
         view = bwrap.View(work, read_only={package: STUDENT_DIR}, network=True, gpu=gpu)
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
+        argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
         proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))
         signal.signal(signal.SIGTERM, lambda *_: proc.kill())
