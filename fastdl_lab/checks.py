@@ -189,7 +189,8 @@ def truncate_to_tf32(t: torch.Tensor) -> torch.Tensor:
     return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
-def _exact_fp32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def exact_fp32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in true fp32 on any device, whatever a notebook set ``allow_tf32`` to."""
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -205,7 +206,7 @@ def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     PyTorch's own TF32 path is no such baseline: cuBLAS keeps small or thin products in true fp32,
     which would hold a kernel to an accuracy that TF32 cannot have.
     """
-    return _exact_fp32_matmul(truncate_to_tf32(a), truncate_to_tf32(b))
+    return exact_fp32_matmul(truncate_to_tf32(a), truncate_to_tf32(b))
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,15 +29,7 @@ import triton.language as tl
 
 def matmul_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` accumulated in true fp32 (no TF32), returned in ``a``'s dtype."""
-    if a.is_cuda:
-        # The reference must not silently drop to TF32 because a notebook switched it on.
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            return torch.matmul(a.float(), b.float()).to(a.dtype)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-    return torch.matmul(a.float(), b.float()).to(a.dtype)
+    return checks.exact_fp32_matmul(a.float(), b.float()).to(a.dtype)
 
 
 # Pure Python manages a few 10^7 multiply-adds per second: this cap keeps a call under a tenth of

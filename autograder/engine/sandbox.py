@@ -89,8 +89,9 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
+def _process_table() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every process that is still there when read."""
+    table = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -98,28 +99,24 @@ def _session_pids(sid: int) -> list[int]:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
         except OSError:
-            continue
-        # Field 6 (session id) follows the parenthesised command name, which may hold spaces.
+            continue  # it exited between the listing and the read
+        # The fields after the parenthesised command name (which may hold spaces): state, ppid,
+        # process group, session.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
+        if len(fields) > 3:
+            table.append((int(entry), int(fields[1]), int(fields[3])))
+    return table
+
+
+def _session_pids(sid: int) -> list[int]:
+    return [pid for pid, _, session in _process_table() if session == sid]
 
 
 def descendants(root: int) -> list[int]:
     """``root`` and every process below it: a sandbox's processes sit in sessions of their own."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    for pid, parent, _ in _process_table():
+        children.setdefault(parent, []).append(pid)
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
