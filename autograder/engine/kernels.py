@@ -17,7 +17,11 @@ executes in place of the cells. Whether each kept body is a real kernel (calls n
 from __future__ import annotations
 
 import ast
+import threading
 
+# CPython 3.11's AST constructors keep per-interpreter state that two threads parsing at once can
+# corrupt ("AST constructor recursion depth mismatch"); the engine grades items on two threads.
+_AST_LOCK = threading.Lock()
 HEADER = "import triton\nimport triton.language as tl\nfrom triton import jit\n"
 JIT_NAMES = {"triton.jit", "jit"}
 
@@ -102,6 +106,11 @@ def extract(sources: list[str], required: tuple[str, ...]) -> str:
     Raises ``KernelRejected`` when a cell does not parse, a jit function carries code that would
     run at definition time, or a kernel in ``required`` is not among the jit functions.
     """
+    with _AST_LOCK:
+        return _extract(sources, required)
+
+
+def _extract(sources: list[str], required: tuple[str, ...]) -> str:
     kept: list[ast.stmt] = []
     kernels: set[str] = set()
     for i, source in enumerate(sources):
