@@ -110,3 +110,32 @@ def test_alpha_beta_model():
     assert ring.root_allreduce_bytes(10, 4, 5) == 2 * 4 * 10 * 4
     with pytest.raises(ValueError):
         ring.allreduce_time_model(1, 2, alpha, beta, "butterfly")
+
+
+def _swap_with_batched_p2p(tensor):
+    """Two ranks: each sends its whole tensor to the other through batch_isend_irecv and adds."""
+    other = 1 - dist.get_rank()
+    incoming = torch.empty_like(tensor)
+    ops = [dist.P2POp(dist.isend, tensor, other), dist.P2POp(dist.irecv, incoming, other)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    tensor.add_(incoming)
+    return tensor.numel() * tensor.element_size()
+
+
+def test_batched_sends_are_counted_by_the_transport_wrapper():
+    results = run_world(ring.ring_trial, 2, 10, allreduce=_swap_with_batched_p2p)
+    ring.check_ring(results, 10)
+    assert [r["sent"] for r in results] == [40, 40]
+
+
+def _library_allreduce(tensor):
+    dist.all_reduce(tensor)
+    return ring.ring_bytes_ref(tensor.numel(), tensor.element_size(), dist.get_world_size(), dist.get_rank())
+
+
+def test_collectives_are_refused_inside_a_ring_trial():
+    with pytest.raises(Exception, match="collective"):
+        run_world(ring.ring_trial, 2, 10, allreduce=_library_allreduce)
+    # Outside the trial the library is untouched.
+    assert run_world(lambda rank, world: dist.all_reduce(torch.ones(1)) or True, 2) == [True, True]

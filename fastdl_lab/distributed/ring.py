@@ -101,7 +101,7 @@ SENDS = ("send", "isend")
 
 
 class CollectiveRefused(RuntimeError):
-    pass
+    """A collective called inside a ring trial, where only point-to-point messages may move data."""
 
 
 @contextlib.contextmanager
@@ -123,23 +123,26 @@ def point_to_point_only():
             raise CollectiveRefused(f"{name} is a collective: the ring may only use send/recv (isend/irecv)")
         return refused
 
-    def counting(name, original):
+    def counting(original):
         def counted(tensor, *args, **kwargs):
             sent[0] += tensor.numel() * tensor.element_size()
             return original(tensor, *args, **kwargs)
         return counted
 
     for name in COLLECTIVES:
+        refused = refuse(name)
         for module in (dist, dist.distributed_c10d):
             if hasattr(module, name):
-                patch(module, name, refuse(name))
+                patch(module, name, refused)
     for name in PROCESS_GROUP_COLLECTIVES:
         if hasattr(c10d.ProcessGroup, name):
             patch(c10d.ProcessGroup, name, refuse(name))
     for name in SENDS:
-        original = getattr(dist.distributed_c10d, name)
+        # One wrapper under both names: P2POp accepts only the very function torch.distributed
+        # exports, so the two must stay the same object.
+        wrapper = counting(getattr(dist.distributed_c10d, name))
         for module in (dist, dist.distributed_c10d):
-            patch(module, name, counting(name, original))
+            patch(module, name, wrapper)
     try:
         yield sent
     finally:
