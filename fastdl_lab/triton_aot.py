@@ -25,6 +25,10 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 
+import torch
+
+from fastdl_lab import device  # before triton: switches the interpreter on when there is no GPU
+
 import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
@@ -167,6 +171,47 @@ def compile_to_ptx(
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
     return compiled.asm["ptx"]
+
+
+# Pointer element types a launch may pass, beyond the float formats the course's kernels take.
+POINTER_TYPES = {**device.TRITON_TYPES, torch.float64: "fp64", torch.int8: "i8", torch.uint8: "u8",
+                 torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "grid", "warmup"}
+
+
+def launch_signature(kernel, args: tuple, kwargs: dict) -> tuple[dict[str, str], dict]:
+    """What ``kernel[grid](*args, **kwargs)`` asks of the compiler: a Triton type for every runtime
+    argument, and the values of the constexpr ones (defaults filled in)."""
+    # The interpreter's function object does not parse its parameters; a compiler-side twin does.
+    params = JITFunction(kernel.fn).params
+    values = {p.name: p.default for p in params if p.has_default}
+    values.update(zip((p.name for p in params), args))
+    values.update({k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+    signature, constexprs = {}, {}
+    for param in params:
+        value = values.get(param.name)
+        if param.is_constexpr or value is None:
+            constexprs[param.name] = value
+        elif isinstance(value, torch.Tensor):
+            if value.dtype not in POINTER_TYPES:
+                raise TypeError(f"argument {param.name}: no Triton pointer type for {value.dtype}")
+            signature[param.name] = "*" + POINTER_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i64" if abs(value) >= 2**31 else "i32"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"argument {param.name} has a type no kernel takes: {type(value).__name__}")
+    return signature, constexprs
+
+
+def compile_launch(kernel, args: tuple, kwargs: dict, *, capability: int = 90) -> str:
+    """PTX of ``kernel`` for the arguments one launch gave it, with that launch's warps and stages."""
+    signature, constexprs = launch_signature(kernel, args, kwargs)
+    return compile_to_ptx(kernel, signature, constexprs, capability=capability,
+                          num_warps=kwargs.get("num_warps", 4), num_stages=kwargs.get("num_stages", 3))
 
 
 def ptx_summary(ptx: str) -> dict[str, object]:

@@ -51,6 +51,15 @@ def test_cannot_read_what_it_was_not_given(tmp_path, secret):
     assert "FileNotFoundError" in result.output_tail or "PermissionError" in result.output_tail
 
 
+def test_the_system_files_it_is_given_are_readable(tmp_path):
+    # The folders bubblewrap makes for them would otherwise be root-only: torch asks the user
+    # database who it is, and Triton asks the linker's cache where libcuda is.
+    code = "import os, pwd; print(pwd.getpwuid(os.getuid()).pw_name); print(len(open('/etc/ld.so.cache', 'rb').read()) > 0)"
+    result, _ = run(tmp_path, code)
+    assert result.status == "ok", result.output_tail
+    assert "True" in result.output_tail
+
+
 def test_given_folders_are_read_only(tmp_path):
     given = tmp_path / "pkg"
     given.mkdir()

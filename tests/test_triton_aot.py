@@ -82,3 +82,24 @@ def test_bad_arguments_are_named():
         triton_aot.compile_to_ptx(_scale_kernel, {"x_ptr": "*fp32", "y_ptr": "*fp32"}, {"BLOCK": 256})
     with pytest.raises(TypeError):
         triton_aot.compile_to_ptx(lambda x: x, {}, {})
+
+
+def test_a_launch_names_its_own_signature_and_compiles():
+    x = torch.arange(300, dtype=torch.float32)
+    args, kwargs = (x, torch.empty_like(x), 300), {"BLOCK": 256, "num_warps": 2}
+    signature, constexprs = triton_aot.launch_signature(_scale_kernel, args, kwargs)
+    assert signature == {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32"} and constexprs == {"BLOCK": 256}
+    assert ".target sm_90" in triton_aot.compile_launch(_scale_kernel, args, kwargs)
+    with pytest.raises(TypeError, match="no kernel takes"):
+        triton_aot.launch_signature(_scale_kernel, (x, x, "300"), {"BLOCK": 256})
+
+
+@triton.jit
+def _python_in_disguise(x_ptr, n, BLOCK: tl.constexpr):
+    x_ptr.copy_(torch.zeros(n))
+
+
+def test_a_body_that_is_python_does_not_compile():
+    # Under the interpreter this body would run as Python; Triton's compiler refuses the torch call.
+    with pytest.raises(Exception, match="[Uu]nsupported"):  # noqa: B017 - the compiler's error type
+        triton_aot.compile_launch(_python_in_disguise, (torch.zeros(4), 4), {"BLOCK": 4})

@@ -32,6 +32,8 @@ from pathlib import Path
 
 NOBODY = 65534
 JOB = "/job"
+# Where the student copy of the package appears inside the sandbox.
+STUDENT_DIR = "/opt/fastdl/student"
 SETPRIV = "/usr/bin/setpriv"
 # Read-only system paths a Python process and Triton's GPU launcher need (/usr holds the CUDA
 # toolkit and driver libraries too); nothing of /etc but the user database (torch asks who it
@@ -100,11 +102,11 @@ def command(argv: list[str], view: View) -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
+    made: set[str] = set()
     for path in SYSTEM_RO:
-        args += ["--ro-bind-try", path, path]
+        args += _dir_args(path, made) + ["--ro-bind-try", path, path]
     # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    made: set[str] = set()
     for path in _python_paths():
         args += _dir_args(path, made) + ["--ro-bind", path, path]
     for host, inside in view.read_only.items():
@@ -120,6 +122,21 @@ def command(argv: list[str], view: View) -> list[str]:
         args += [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     return args + argv
+
+
+def environment(*, gpu: bool, home: str = JOB, tmp: str = "/tmp", **extra: str) -> dict[str, str]:
+    """What every process that runs student code starts from: nothing of the grader's own
+    environment but the search path and, on GPU hosts, how to find CUDA. Without a GPU, Triton
+    runs its interpreter and torch sees no device."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": tmp,
+           "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": os.path.join(home, ".triton"), **extra}
+    if not gpu:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    for var in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
+        if var in os.environ and var not in env:
+            env[var] = os.environ[var]
+    return env
 
 
 def prepare_workdir(path: str) -> None:

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -36,8 +37,7 @@ NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the 
 UNISOLATED = "UNSAFE, graded without isolation (--unsafe-no-isolation): "
 OUTPUTS_CAP = 2 << 30
 ERROR_CAP = 64 << 10
-# Where the student copy of the package and the grader's driver code appear inside the sandbox.
-STUDENT_DIR = "/opt/fastdl/student"
+# Where the grader's driver code appears inside the sandbox.
 GRADER_DIR = "/opt/fastdl/grader"
 
 
@@ -80,27 +80,13 @@ def item_seed(seed: int, item: str) -> int:
 
 
 def _child_env(sandbox: Sandbox, workdir: str) -> dict[str, str]:
-    inside = sandbox.isolated
-    job = bwrap.JOB if inside else workdir
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": job,
-        "PYTHONPATH": f"{STUDENT_DIR}:{GRADER_DIR}" if inside else
-                      f"{sandbox.student_package}:{Path(autograder.__file__).parent.parent}",
-        "PYTHONHASHSEED": "0",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "MPLBACKEND": "Agg",
-        "OMP_NUM_THREADS": str(sandbox.profile.get("threads", 1)),
-        "TRITON_CACHE_DIR": os.path.join(job, "triton-cache"),
-        "TMPDIR": "/tmp" if inside else workdir,
-    }
-    if not sandbox.profile.get("gpu"):
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    for var in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
-        if var in os.environ and var not in env:
-            env[var] = os.environ[var]
-    return env
+    if sandbox.isolated:
+        where = {"home": bwrap.JOB, "PYTHONPATH": f"{bwrap.STUDENT_DIR}:{GRADER_DIR}"}
+    else:
+        where = {"home": workdir, "tmp": workdir,
+                 "PYTHONPATH": f"{sandbox.student_package}:{Path(autograder.__file__).parent.parent}"}
+    return bwrap.environment(gpu=bool(sandbox.profile.get("gpu")), PYTHONHASHSEED="0", MPLBACKEND="Agg",
+                             OMP_NUM_THREADS=str(sandbox.profile.get("threads", 1)), **where)
 
 
 def read_regular(path: str, cap: int) -> bytes:
@@ -131,12 +117,13 @@ class _Workdir:
 
     def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
                  params: dict):
+        # Only the jit functions and constants of a kernel item's cells reach the child; a
+        # rejected kernel raises here, before anything is made.
+        source = kernels.extract([cells[c] for c in item.cells], item.kernels) if item.kernels else None
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-")
-        self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "role": "candidate",
-                    "mode": mode, "params": params, "instruments": list(item.instruments)}
-        if item.kernels:
-            # Only the jit functions and constants of the cells reach the child.
-            source = kernels.extract([cells[c] for c in item.cells], item.kernels)
+        self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
+                    "params": params, "instruments": list(item.instruments)}
+        if source is not None:
             Path(self.path, "kernels.py").write_text(source)
             self.job["kernel_module"] = "kernels.py"
         else:
@@ -165,8 +152,6 @@ class _Workdir:
         return torch.load(io.BytesIO(data), weights_only=True)
 
     def remove(self) -> None:
-        import shutil
-
         shutil.rmtree(self.path, ignore_errors=True)
 
 
@@ -175,7 +160,7 @@ def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox) -> ChildResult:
     if not sandbox.isolated:
         argv = [sys.executable, "-m", "autograder.engine.child", work.path]
         return run_sandboxed(argv, limits=limits, cwd=work.path, env=env)
-    view = bwrap.View(work.path, read_only={str(sandbox.student_package): STUDENT_DIR,
+    view = bwrap.View(work.path, read_only={str(sandbox.student_package): bwrap.STUDENT_DIR,
                                             str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"},
                       gpu=bool(sandbox.profile.get("gpu")))
     argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]

@@ -24,7 +24,6 @@ from jupyter_client.manager import AsyncKernelManager
 
 from autograder.engine import bwrap
 
-STUDENT_DIR = "/opt/fastdl/student"
 # Set by the pipeline for the nbgrader process; the kernel manager passes them on.
 STUDENT_PACKAGE_VAR = "FASTDL_STUDENT_PACKAGE"
 GPU_VAR = "FASTDL_GPU"
@@ -42,26 +41,9 @@ class JailedKernelManager(AsyncKernelManager):
 
 def _kernel_env(gpu: bool) -> dict[str, str]:
     job = bwrap.JOB
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": job,
-        "PYTHONPATH": STUDENT_DIR,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "TMPDIR": "/tmp",
-        "MPLBACKEND": os.environ.get("MPLBACKEND", "Agg"),
-        "IPYTHONDIR": f"{job}/.ipython",
-        "JUPYTER_RUNTIME_DIR": f"{job}/.jupyter",
-        "MPLCONFIGDIR": f"{job}/.matplotlib",
-        "TRITON_CACHE_DIR": f"{job}/.triton",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
-    }
-    if not gpu:
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES"):
-        if var in os.environ and var not in env:
-            env[var] = os.environ[var]
-    return env
+    return bwrap.environment(gpu=gpu, PYTHONPATH=bwrap.STUDENT_DIR, MPLBACKEND=os.environ.get("MPLBACKEND", "Agg"),
+                             IPYTHONDIR=f"{job}/.ipython", JUPYTER_RUNTIME_DIR=f"{job}/.jupyter",
+                             MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
 
 
 def _forward(proc: subprocess.Popen):
@@ -95,7 +77,7 @@ def main(connection_file: str) -> int:
         if os.geteuid() == 0:
             os.chown(os.path.join(work, "kernel.json"), bwrap.NOBODY, bwrap.NOBODY)
         bwrap.prepare_workdir(work)
-        view = bwrap.View(work, read_only={package: STUDENT_DIR}, network=True, gpu=gpu)
+        view = bwrap.View(work, read_only={package: bwrap.STUDENT_DIR}, network=True, gpu=gpu)
         argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
         proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))

@@ -30,7 +30,8 @@ EXPECT = re.compile(r"^# expect: (.+)$")
 PWNED = Path("/tmp/fastdl-adversarial-pwned")
 DAEMON = "fastdl-adversarial-daemon"
 # Small inputs and short limits: a hostile run should end in seconds, not in the real profile's minutes.
-OVERRIDES = {"limits_wall_s": 25, "speed": {"size": 64, "min_speedup": 0.5, "warmup": 1, "reps": 3}}
+WALL_S = 25
+MATMUL_SPEED = {"size": 64, "min_speedup": 0.5, "warmup": 1, "reps": 3}
 
 
 def expectations(path: Path) -> dict[str, set[str]]:
@@ -40,11 +41,10 @@ def expectations(path: Path) -> dict[str, set[str]]:
             (pair.split("=") for pair in match.group(1).split())}
 
 
-def profile_for(cpu: dict, lab: str) -> dict:
-    profile = {**cpu, "limits": {**cpu["limits"], "wall_s": OVERRIDES["limits_wall_s"]}, "speed_on_cpu": True}
+def profile_for(cpu: dict) -> dict:
     labs = {name: dict(items) for name, items in cpu.get("labs", {}).items()}
-    labs.setdefault("01_gemm", {})["matmul_speed"] = OVERRIDES["speed"]
-    return {**profile, "labs": labs}
+    labs.setdefault("01_gemm", {})["matmul_speed"] = MATMUL_SPEED
+    return {**cpu, "limits": {**cpu["limits"], "wall_s": WALL_S}, "speed_on_cpu": True, "labs": labs}
 
 
 def _processes_named(marker: str) -> list[int]:
@@ -76,7 +76,7 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
     student = f"adversary-{fixture.stem}"
     path = variant(course, lab, student, fixture)
     results = {r.item: r for r in grade_submission(
-        load_lab(lab), path, release=course.release(lab), profile=profile_for(cpu, lab), seed=99,
+        load_lab(lab), path, release=course.release(lab), profile=profile_for(cpu), seed=99,
         student_package=course.student_package, only=set(expected))}
     for item, statuses in expected.items():
         result = results[item]
