@@ -6,6 +6,9 @@ The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus ei
   (``kernels.py`` of the engine). No other student code exists in this process. Under the Triton
   interpreter each kernel is compiled ahead of time for sm_90 before its first launch, which
   proves its body is Triton and not Python in disguise; or
+- ``artefacts.py``: the student's classes and functions, screened and extracted by the parent
+  (``artefacts.py`` of the engine), run in the names the item's trusted ``scope`` imports and with
+  a restricted set of builtins (with or without kernels beside them); or
 - one file per solution cell, executed after the lab preamble (Python items). The instruments
   the item names are bound before the cells run and checked afterwards: a replaced one ends the
   run as ``tampered``.
@@ -91,18 +94,36 @@ def _exec_file(path: str, ns: dict) -> None:
 
 
 def _namespace(job: dict, workdir: str) -> dict:
-    if job.get("kernel_module"):
+    if job.get("kernel_module") or job.get("artefact_module"):
         ns: dict = {"__name__": "student_kernels"}
-        _exec_file(os.path.join(workdir, job["kernel_module"]), ns)
-        from fastdl_lab import device
+        if job.get("kernel_module"):
+            _exec_file(os.path.join(workdir, job["kernel_module"]), ns)
+            from fastdl_lab import device
 
-        if device.interpreting():
-            _prove_kernels_compile(ns)
+            if device.interpreting():
+                _prove_kernels_compile(ns)
+        if job.get("artefact_module"):
+            return _artefact_namespace(job, workdir, kernels=ns)
         return ns
     ns = {"__name__": "__main__"}
     exec(compile(job["preamble"], os.path.join(workdir, "preamble.py"), "exec"), ns)
     for cell in job["cells"]:
         _exec_file(os.path.join(workdir, cell["file"]), ns)
+    return ns
+
+
+def _artefact_namespace(job: dict, workdir: str, kernels: dict) -> dict:
+    """The student's screened classes and functions, in a namespace of their own: the scope's
+    names, the kernels and constants, and the safe builtins. Kernels keep their own globals (with
+    Python's builtins, which Triton's compiler and interpreter need)."""
+    from autograder.engine.artefacts import SAFE_BUILTINS
+
+    ns: dict = {"__name__": "student_artefacts"}
+    exec(compile(job["scope"], os.path.join(workdir, "scope.py"), "exec"), ns)
+    ns.update({name: value for name, value in kernels.items() if not name.startswith("__")})
+    # Functions capture the builtins of the namespace they are defined in.
+    ns["__builtins__"] = dict(SAFE_BUILTINS)
+    _exec_file(os.path.join(workdir, job["artefact_module"]), ns)
     return ns
 
 

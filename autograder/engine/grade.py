@@ -29,7 +29,7 @@ import torch
 import autograder
 from autograder import notebook, profiles
 from autograder.records import clean_reason
-from autograder.engine import bwrap, kernels
+from autograder.engine import artefacts, bwrap, kernels
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -117,16 +117,21 @@ class _Workdir:
 
     def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
                  params: dict):
-        # Only the jit functions and constants of a kernel item's cells reach the child; a
-        # rejected kernel raises here, before anything is made.
-        source = kernels.extract([cells[c] for c in item.cells], item.kernels) if item.kernels else None
+        # Only the jit functions, screened classes and functions, and constants of an extracted
+        # item's cells reach the child; a rejected one raises here, before anything is made.
+        sources = [cells[c] for c in item.cells]
+        kernel_source = kernels.extract(sources, item.kernels) if item.kernels else None
+        artefact_source = artefacts.extract(sources, item.artefacts) if item.artefacts else None
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-")
         self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
                     "params": params, "instruments": list(item.instruments)}
-        if source is not None:
-            Path(self.path, "kernels.py").write_text(source)
+        if kernel_source is not None:
+            Path(self.path, "kernels.py").write_text(kernel_source)
             self.job["kernel_module"] = "kernels.py"
-        else:
+        if artefact_source is not None:
+            Path(self.path, "artefacts.py").write_text(artefact_source)
+            self.job.update(artefact_module="artefacts.py", scope=item.scope)
+        if kernel_source is None and artefact_source is None:
             for i, cell_id in enumerate(item.cells):
                 name = f"cell_{i}_{cell_id}.py"
                 Path(self.path, name).write_text(cells[cell_id])
@@ -223,6 +228,8 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         work = _Workdir(lab, item, cells, inputs, mode=mode, params=params)
     except kernels.KernelRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
+    except artefacts.ArtefactRejected as exc:
+        return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
     try:
         result = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
         if not result.ok:

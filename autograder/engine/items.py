@@ -13,7 +13,10 @@ names the student's solution cells it needs and three functions with a strict sp
 Speed items are kernel items that add ``timed(ns, inputs)`` and ``baseline(inputs)``: the child,
 where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
 A Python item whose figure is measured in the student's process names its ``instruments``
-(dotted names, bound before the cells run and verified unchanged after them).
+(dotted names, bound before the cells run and verified unchanged after them). An item that
+grades Python classes or functions on their own names them in ``artefacts``: only those
+definitions (screened, ``artefacts.py``) reach the child, run in the names its trusted ``scope``
+imports; ``drive`` finds them, and any ``kernels``, in ``ns``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class Item:
     processes: int = 0
     kernels: tuple[str, ...] = ()
     instruments: tuple[str, ...] = ()
+    artefacts: tuple[str, ...] = ()
+    scope: str = ""  # trusted imports that give ``artefacts`` the names they may use
 
     @property
     def is_speed(self) -> bool:

@@ -46,8 +46,10 @@ def _is_literal(node: ast.AST | None) -> bool:
         return True
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return isinstance(node.operand, ast.Constant)
-    if isinstance(node, ast.Tuple):
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return all(_is_literal(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _is_literal(k) and _is_literal(v) for k, v in zip(node.keys, node.values))
     return False
 
 

@@ -1,0 +1,145 @@
+"""Take a student's Python classes and functions out of their cells, screened, and nothing else.
+
+Some graded artefacts are Python, not kernels: a loss scaler, a training step, an optimizer
+class. Run with the rest of their cells, such an artefact could lean on code the grade must not
+rest on: a library object doing its work (``torch.amp.GradScaler`` behind a hand-written name),
+or cell-level code that rebinds what the driver measures with. So the parent parses the cells
+(never executing them) and keeps only
+
+- top-level ``class`` and ``def`` statements, and literal constants (as ``kernels.py`` does);
+
+and refuses the submission when anything kept could reach past the names the grader provides:
+
+- ``import``, ``global`` and names or attributes with a double underscore (the ways out of a
+  namespace: ``__class__``, ``__globals__``, ``__import__``, ``__builtins__``), except
+  ``super().__init__`` and ``.__name__``;
+- builtins that reach objects by name or run source (``getattr``, ``eval``, ``globals``, ...);
+- attributes with a leading underscore except on ``self`` / ``cls`` (``torch._foreach_*``,
+  ``torch._amp_update_scale_``, ``torch._C``: the library's private machinery);
+- attributes that name the library implementation of the graded technique (any ``*adam*`` or
+  ``*scaler*``, ``amp``) or a way to other modules (``sys``, ``modules``, ``importlib``, ``ops``).
+
+The child runs the kept code with a namespace built by the item's trusted ``scope`` and a
+restricted set of builtins. The screen is a deny-list over a small language, not a proof; what it
+cannot see, the parent's checks of the values still judge.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+
+from autograder.engine.kernels import _AST_LOCK, _constant
+
+DENIED_CALLS = frozenset({
+    "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
+    "vars", "dir", "breakpoint", "input", "help", "memoryview", "exit", "quit",
+})
+DENIED_ATTRIBUTES = frozenset({
+    "amp", "sys", "modules", "os", "importlib", "builtins", "ops", "library", "hub", "load",
+    "f_globals", "f_locals", "f_back", "gi_frame", "cr_frame", "tb_frame", "func_globals",
+})
+DENIED_ATTRIBUTE_PATTERN = re.compile(r"adam|scaler", re.IGNORECASE)
+OWN = frozenset({"self", "cls"})
+# Names only: a class's or function's name is a string, and error messages use it.
+HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__"})
+
+SAFE_BUILTINS = {
+    name: getattr(builtins, name) for name in (
+        "abs", "all", "any", "bool", "callable", "dict", "divmod", "enumerate", "filter", "float", "hasattr",
+        "frozenset", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min",
+        "next", "pow", "print", "range", "repr", "reversed", "round", "set", "slice", "sorted", "str",
+        "sum", "super", "tuple", "zip", "object", "property", "staticmethod", "classmethod", "type",
+        "NotImplemented", "Ellipsis", "Exception", "ArithmeticError", "AssertionError", "AttributeError",
+        "IndexError", "KeyError", "LookupError", "NotImplementedError", "OverflowError", "RuntimeError",
+        "StopIteration", "TypeError", "ValueError", "ZeroDivisionError", "__build_class__",
+        # C code that imports while a student frame is the innermost one (torch's dispatch does)
+        # looks __import__ up in that frame's builtins; the screen keeps the student's code from
+        # naming it.
+        "__import__",
+    )
+}
+
+
+class ArtefactRejected(ValueError):
+    """The cells define something the grader will not run; the message says what and where."""
+
+
+def _reject(node: ast.AST, owner: str, what: str) -> None:
+    raise ArtefactRejected(f"{owner}, line {getattr(node, 'lineno', '?')}: {what}")
+
+
+def _screen(tree: ast.stmt) -> None:
+    owner = f"{'class' if isinstance(tree, ast.ClassDef) else 'function'} {tree.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            _reject(node, owner, "imports are not run by the grader: use the names the lab provides")
+        elif isinstance(node, ast.Global):
+            _reject(node, owner, "'global' is not allowed in a graded class or function")
+        elif isinstance(node, ast.Name):
+            if node.id.startswith("__"):
+                _reject(node, owner, f"the name {node.id} is not allowed")
+            if node.id in DENIED_CALLS:
+                _reject(node, owner, f"{node.id}() is not available to graded code")
+        elif isinstance(node, ast.Attribute):
+            _screen_attribute(node, owner)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name.startswith("__") \
+                and not node.name.endswith("__"):
+            _reject(node, owner, f"the name {node.name} is not allowed")
+
+
+def _screen_attribute(node: ast.Attribute, owner: str) -> None:
+    attr = node.attr
+    calls_super = (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                   and node.value.func.id == "super")
+    if (attr == "__init__" and calls_super) or attr in HARMLESS_DUNDERS:
+        return
+    if attr.startswith("__"):
+        _reject(node, owner, f"the attribute .{attr} is not allowed")
+    on_own = isinstance(node.value, ast.Name) and node.value.id in OWN
+    if on_own:
+        return
+    if attr.startswith("_"):
+        _reject(node, owner, f".{attr}: private attributes of other objects (the library's machinery) are not allowed")
+    if attr in DENIED_ATTRIBUTES or DENIED_ATTRIBUTE_PATTERN.search(attr):
+        _reject(node, owner, f".{attr}: the graded technique must be your own code, not the library's")
+
+
+def extract(sources: list[str], required: tuple[str, ...]) -> str:
+    """The artefact module of ``sources``: literal constants, screened classes and functions.
+
+    Raises ``ArtefactRejected`` when a cell does not parse, a kept definition fails the screen, or
+    a name in ``required`` is not defined at the top level of the cells.
+    """
+    with _AST_LOCK:
+        return _extract(sources, required)
+
+
+def _extract(sources: list[str], required: tuple[str, ...]) -> str:
+    kept: list[ast.stmt] = []
+    defined: set[str] = set()
+    for i, source in enumerate(sources):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            raise ArtefactRejected(f"solution cell {i + 1} does not parse: line {exc.lineno}: {exc.msg}") from exc
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and not _is_jit(stmt):
+                _screen(stmt)
+                kept.append(stmt)
+                defined.add(stmt.name)
+            elif (const := _constant(stmt)) is not None:
+                kept.append(const)
+    missing = [name for name in required if name not in defined]
+    if missing:
+        raise ArtefactRejected(f"the solution cells define no class or function named {missing[0]}")
+    return ast.unparse(ast.fix_missing_locations(ast.Module(body=kept, type_ignores=[]))) + "\n"
+
+
+def _is_jit(stmt: ast.stmt) -> bool:
+    # Kernels are taken (and judged) by kernels.py; here they are neither kept nor screened.
+    from autograder.engine.kernels import JIT_NAMES, _dotted
+
+    return isinstance(stmt, ast.FunctionDef) and any(
+        _dotted(d.func if isinstance(d, ast.Call) else d) in JIT_NAMES for d in stmt.decorator_list)

@@ -1,0 +1,123 @@
+"""Graded Python artefacts: only screened classes, functions and constants leave their cells."""
+
+import pytest
+
+from autograder.engine import artefacts
+from autograder.engine.artefacts import ArtefactRejected, SAFE_BUILTINS
+
+HONEST = '''
+import torch
+from fastdl_lab.optim import multi_tensor_table
+
+BLOCK = 256
+torch.set_num_threads(1)
+print("top-level code never reaches the grader")
+
+
+def helper(x):
+    return x * 2
+
+
+class Scaler:
+    def __init__(self, device="cpu", init_scale=2.0**16):
+        self._scale = float(init_scale)
+        self._tracker = 0
+
+    def get_scale(self):
+        return self._scale
+
+    @torch.no_grad()
+    def unscale_(self, optimizer):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / self._scale)
+                    assert torch.isfinite(p.grad).all() or True
+
+
+class Optimizer(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, dict(lr=lr))
+'''
+
+
+def _module(source, required=("Scaler",)):
+    return artefacts.extract([source], required)
+
+
+def test_keeps_definitions_and_literal_constants_and_drops_the_rest():
+    module = _module(HONEST, ("Scaler", "helper", "Optimizer"))
+    assert "BLOCK = 256" in module and "class Scaler" in module and "def helper" in module
+    assert "import" not in module and "print(" not in module and "set_num_threads" not in module
+
+
+def test_kernels_are_left_to_the_kernel_extractor():
+    source = "import triton\n@triton.jit\ndef k(x_ptr):\n    pass\n\ndef f():\n    return 1\n"
+    module = artefacts.extract([source], ("f",))
+    assert "def k" not in module and "def f" in module
+
+
+@pytest.mark.parametrize("body, why", [
+    ("import torch.amp", "imports"),
+    ("from torch.amp import GradScaler", "imports"),
+    ("return torch.amp.GradScaler('cpu')", ".GradScaler"),
+    ("return torch.cuda.amp", ".amp"),
+    ("return torch.optim.AdamW([x])", ".AdamW"),
+    ("return optim.adamw_foreach", ".adamw_foreach"),
+    ("return amp_module.DynamicLossScaler()", "DynamicLossScaler"),
+    ("return torch._amp_update_scale_", "._amp_update_scale_"),
+    ("return torch._C", "._C"),
+    ("return torch.ops.aten", ".ops"),
+    ("return getattr(torch, 'a' + 'mp')", "getattr"),
+    ("return eval('torch.amp')", "eval"),
+    ("return x.__class__", ".__class__"),
+    ("return __import__('os')", "__import__"),
+    ("return globals()", "globals"),
+    ("global BLOCK\n    BLOCK = 1", "global"),
+    ("return torch.serialization.sys", ".sys"),
+    ("return x.grad._base", "._base"),
+])
+def test_screen_refuses_ways_out(body, why):
+    source = f"def f(x):\n    {body}\n"
+    with pytest.raises(ArtefactRejected, match=why.replace(".", r"\.").replace("(", r"\(")) as info:
+        artefacts.extract([source], ("f",))
+    assert "function f, line" in str(info.value)
+
+
+def test_screen_covers_methods_decorators_defaults_and_class_bodies():
+    for source in ("class C:\n    x = torch.amp\n",
+                   "class C:\n    @torch.amp.custom_fwd\n    def f(self):\n        pass\n",
+                   "def f(x=torch.amp):\n    return x\n",
+                   "class C(torch.amp.GradScaler):\n    pass\n"):
+        with pytest.raises(ArtefactRejected, match=r"\.amp|\.GradScaler"):
+            artefacts.extract([source], ())
+
+
+def test_own_private_attributes_are_allowed():
+    module = artefacts.extract(["class C:\n    def f(self):\n        self._adam_state = self._x\n"], ("C",))
+    assert "self._adam_state" in module
+
+
+def test_missing_and_unparsable_cells_are_named():
+    with pytest.raises(ArtefactRejected, match="no class or function named Scaler"):
+        artefacts.extract(["def other():\n    pass\n"], ("Scaler",))
+    with pytest.raises(ArtefactRejected, match="does not parse"):
+        artefacts.extract(["def f(:\n"], ("f",))
+
+
+def test_safe_builtins_run_classes_and_refuse_the_rest():
+    ns = {"__name__": "student_kernels", "torch": __import__("torch")}
+    ns["__builtins__"] = dict(SAFE_BUILTINS)
+    module = _module(HONEST, ("Scaler", "Optimizer"))
+    exec(compile(module.replace("torch.no_grad()", "torch.no_grad()"), "artefacts.py", "exec"), ns)
+    scaler = ns["Scaler"](init_scale=8.0)
+    assert scaler.get_scale() == 8.0
+    opt = ns["Optimizer"]([__import__("torch").zeros(2, requires_grad=True)], lr=0.1)
+    assert opt.defaults["lr"] == 0.1
+    exec(compile("def sneaky():\n    return open('/etc/passwd')\n", "x.py", "exec"), ns)
+    with pytest.raises(NameError, match="open"):
+        ns["sneaky"]()
+    # Present for C code that imports under a student frame; the screen refuses the name itself.
+    assert "__import__" in SAFE_BUILTINS
+    with pytest.raises(ArtefactRejected, match="__import__"):
+        artefacts.extract(["def f():\n    return __import__\n"], ("f",))
