@@ -1,0 +1,24 @@
+# expect: loss_scaler=rejected
+# Calling the library: the "hand-written" scaler hands every call to torch.amp.GradScaler.
+# %% grade_id=scaler_code
+import torch
+
+
+class DynamicLossScaler:
+    def __init__(self, device="cpu", **kwargs):
+        self.inner = torch.amp.GradScaler(device, **kwargs)
+
+    def get_scale(self):
+        return self.inner.get_scale()
+
+    def scale(self, outputs):
+        return self.inner.scale(outputs)
+
+    def unscale_(self, optimizer):
+        return self.inner.unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        return self.inner.step(optimizer, *args, **kwargs)
+
+    def update(self):
+        return self.inner.update()
