@@ -315,17 +315,17 @@ class DynamicLossScaler:
         ### BEGIN SOLUTION
         if self._found_inf:
             self._scale *= self.backoff_factor
-            self._growth_tracker = 0
+            clean_steps = 0
         else:
-            self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
+            clean_steps = self._growth_tracker + 1
+            if clean_steps == self.growth_interval:
                 grown = self._scale * self.growth_factor
                 # GradScaler keeps its scale in fp32 and refuses to grow it to inf.
                 if grown <= torch.finfo(torch.float32).max:
                     self._scale = grown
-                self._growth_tracker = 0
-        self._unscaled = False
-        self._found_inf = False
+                clean_steps = 0
+        self._growth_tracker = clean_steps
+        self._unscaled = self._found_inf = False
         ### END SOLUTION
 
 
@@ -344,12 +344,12 @@ def _scaler_run(scaler, overflow_at, clip=None, steps=10, seed=0):
     scales = []
     for now[0] in range(steps):
         loss = net(data[now[0]]).pow(2).mean()
-        scaler.scale(loss).backward()
+        scaler.scale(loss).backward()  # the scaler under test scales, unscales, steps and updates
         if clip is not None:
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         scaler.step(opt)
-        scaler.update()
+        scaler.update()  # once per iteration, skipped step or not
         opt.zero_grad(set_to_none=True)
         scales.append(float(scaler.get_scale()))
     return scales, [p.detach().clone() for p in net.parameters()]

@@ -54,13 +54,14 @@ class DynamicLossScaler:
     def update(self):
         if self._found_inf:
             self._scale *= self.backoff_factor
+            clean_steps = self._growth_tracker
         else:
-            self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
+            clean_steps = self._growth_tracker + 1
+            if clean_steps == self.growth_interval:
                 grown = self._scale * self.growth_factor
                 # GradScaler keeps its scale in fp32 and refuses to grow it to inf.
                 if grown <= torch.finfo(torch.float32).max:
                     self._scale = grown
-                self._growth_tracker = 0
-        self._unscaled = False
-        self._found_inf = False
+                clean_steps = 0
+        self._growth_tracker = clean_steps
+        self._unscaled = self._found_inf = False
