@@ -30,7 +30,7 @@ import ast
 import builtins
 import re
 
-from autograder.engine.kernels import _AST_LOCK, _constant
+from autograder.engine.kernels import JIT_NAMES, _AST_LOCK, _constant, _dotted, top_level_statements
 
 DENIED_CALLS = frozenset({
     "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
@@ -119,18 +119,13 @@ def extract(sources: list[str], required: tuple[str, ...]) -> str:
 def _extract(sources: list[str], required: tuple[str, ...]) -> str:
     kept: list[ast.stmt] = []
     defined: set[str] = set()
-    for i, source in enumerate(sources):
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as exc:
-            raise ArtefactRejected(f"solution cell {i + 1} does not parse: line {exc.lineno}: {exc.msg}") from exc
-        for stmt in tree.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and not _is_jit(stmt):
-                _screen(stmt)
-                kept.append(stmt)
-                defined.add(stmt.name)
-            elif (const := _constant(stmt)) is not None:
-                kept.append(const)
+    for stmt in top_level_statements(sources, ArtefactRejected):
+        if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and not _is_jit(stmt):
+            _screen(stmt)
+            kept.append(stmt)
+            defined.add(stmt.name)
+        elif (const := _constant(stmt)) is not None:
+            kept.append(const)
     missing = [name for name in required if name not in defined]
     if missing:
         raise ArtefactRejected(f"the solution cells define no class or function named {missing[0]}")
@@ -139,7 +134,5 @@ def _extract(sources: list[str], required: tuple[str, ...]) -> str:
 
 def _is_jit(stmt: ast.stmt) -> bool:
     # Kernels are taken (and judged) by kernels.py; here they are neither kept nor screened.
-    from autograder.engine.kernels import JIT_NAMES, _dotted
-
     return isinstance(stmt, ast.FunctionDef) and any(
         _dotted(d.func if isinstance(d, ast.Call) else d) in JIT_NAMES for d in stmt.decorator_list)

@@ -112,21 +112,26 @@ def extract(sources: list[str], required: tuple[str, ...]) -> str:
         return _extract(sources, required)
 
 
-def _extract(sources: list[str], required: tuple[str, ...]) -> str:
-    kept: list[ast.stmt] = []
-    kernels: set[str] = set()
+def top_level_statements(sources: list[str], rejected: type[ValueError]):
+    """Every top-level statement of the cells, in order; a cell that does not parse raises ``rejected``."""
     for i, source in enumerate(sources):
         try:
             tree = ast.parse(source)
         except SyntaxError as exc:
-            raise KernelRejected(f"solution cell {i + 1} does not parse: line {exc.lineno}: {exc.msg}") from exc
-        for stmt in tree.body:
-            if isinstance(stmt, ast.FunctionDef) and _check_decorator(stmt):
-                _check_signature(stmt)
-                kept.append(stmt)
-                kernels.add(stmt.name)
-            elif (const := _constant(stmt)) is not None:
-                kept.append(const)
+            raise rejected(f"solution cell {i + 1} does not parse: line {exc.lineno}: {exc.msg}") from exc
+        yield from tree.body
+
+
+def _extract(sources: list[str], required: tuple[str, ...]) -> str:
+    kept: list[ast.stmt] = []
+    kernels: set[str] = set()
+    for stmt in top_level_statements(sources, KernelRejected):
+        if isinstance(stmt, ast.FunctionDef) and _check_decorator(stmt):
+            _check_signature(stmt)
+            kept.append(stmt)
+            kernels.add(stmt.name)
+        elif (const := _constant(stmt)) is not None:
+            kept.append(const)
     missing = [name for name in required if name not in kernels]
     if missing:
         raise KernelRejected(f"the solution cells define no @triton.jit function named {missing[0]}")
