@@ -41,8 +41,11 @@ class Optimizer(torch.optim.Optimizer):
 '''
 
 
+LIBRARY = r"^amp$|scaler|adam"  # lab 04's
+
+
 def _module(source, required=("Scaler",)):
-    return artefacts.extract([source], required)
+    return artefacts.extract([source], required, LIBRARY)
 
 
 def test_keeps_definitions_and_literal_constants_and_drops_the_rest():
@@ -80,7 +83,7 @@ def test_kernels_are_left_to_the_kernel_extractor():
 def test_screen_refuses_ways_out(body, why):
     source = f"def f(x):\n    {body}\n"
     with pytest.raises(ArtefactRejected, match=why.replace(".", r"\.").replace("(", r"\(")) as info:
-        artefacts.extract([source], ("f",))
+        artefacts.extract([source], ("f",), LIBRARY)
     assert "function f, line" in str(info.value)
 
 
@@ -90,11 +93,21 @@ def test_screen_covers_methods_decorators_defaults_and_class_bodies():
                    "def f(x=torch.amp):\n    return x\n",
                    "class C(torch.amp.GradScaler):\n    pass\n"):
         with pytest.raises(ArtefactRejected, match=r"\.amp|\.GradScaler"):
-            artefacts.extract([source], ())
+            artefacts.extract([source], (), LIBRARY)
+
+
+def test_the_library_pattern_is_the_items_own():
+    # sklearn's StandardScaler is fair game where the graded technique is not a loss scaler.
+    source = "def f(x):\n    return sklearn.preprocessing.StandardScaler().fit_transform(x)\n"
+    assert "StandardScaler" in artefacts.extract([source], ("f",))
+    with pytest.raises(ArtefactRejected, match="StandardScaler"):
+        artefacts.extract([source], ("f",), LIBRARY)
+    with pytest.raises(ArtefactRejected, match="other modules"):
+        artefacts.extract(["def f():\n    return torch.serialization.sys\n"], ("f",))
 
 
 def test_own_private_attributes_are_allowed():
-    module = artefacts.extract(["class C:\n    def f(self):\n        self._adam_state = self._x\n"], ("C",))
+    module = artefacts.extract(["class C:\n    def f(self):\n        self._adam_state = self._x\n"], ("C",), LIBRARY)
     assert "self._adam_state" in module
 
 

@@ -16,8 +16,9 @@ and refuses the submission when anything kept could reach past the names the gra
 - builtins that reach objects by name or run source (``getattr``, ``eval``, ``globals``, ...);
 - attributes with a leading underscore except on ``self`` / ``cls`` (``torch._foreach_*``,
   ``torch._amp_update_scale_``, ``torch._C``: the library's private machinery);
-- attributes that name the library implementation of the graded technique (any ``*adam*`` or
-  ``*scaler*``, ``amp``) or a way to other modules (``sys``, ``modules``, ``importlib``, ``ops``).
+- attributes that lead to other modules (``sys``, ``modules``, ``importlib``, ``ops``), and those
+  the item names as the library's own version of the graded technique (``Item.library``, a
+  pattern: lab 04 refuses ``amp``, ``*Scaler*`` and ``*adam*``).
 
 The child runs the kept code with a namespace built by the item's trusted ``scope`` and a
 restricted set of builtins. The screen is a deny-list over a small language, not a proof; what it
@@ -37,10 +38,9 @@ DENIED_CALLS = frozenset({
     "vars", "dir", "breakpoint", "input", "help", "memoryview", "exit", "quit",
 })
 DENIED_ATTRIBUTES = frozenset({
-    "amp", "sys", "modules", "os", "importlib", "builtins", "ops", "library", "hub", "load",
+    "sys", "modules", "os", "importlib", "builtins", "ops", "library", "hub", "load",
     "f_globals", "f_locals", "f_back", "gi_frame", "cr_frame", "tb_frame", "func_globals",
 })
-DENIED_ATTRIBUTE_PATTERN = re.compile(r"adam|scaler", re.IGNORECASE)
 OWN = frozenset({"self", "cls"})
 # Names only: a class's or function's name is a string, and error messages use it.
 HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__"})
@@ -70,7 +70,7 @@ def _reject(node: ast.AST, owner: str, what: str) -> None:
     raise ArtefactRejected(f"{owner}, line {getattr(node, 'lineno', '?')}: {what}")
 
 
-def _screen(tree: ast.stmt) -> None:
+def _screen(tree: ast.stmt, library: re.Pattern | None) -> None:
     owner = f"{'class' if isinstance(tree, ast.ClassDef) else 'function'} {tree.name}"
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -83,13 +83,13 @@ def _screen(tree: ast.stmt) -> None:
             if node.id in DENIED_CALLS:
                 _reject(node, owner, f"{node.id}() is not available to graded code")
         elif isinstance(node, ast.Attribute):
-            _screen_attribute(node, owner)
+            _screen_attribute(node, owner, library)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name.startswith("__") \
                 and not node.name.endswith("__"):
             _reject(node, owner, f"the name {node.name} is not allowed")
 
 
-def _screen_attribute(node: ast.Attribute, owner: str) -> None:
+def _screen_attribute(node: ast.Attribute, owner: str, library: re.Pattern | None) -> None:
     attr = node.attr
     calls_super = (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
                    and node.value.func.id == "super")
@@ -102,26 +102,30 @@ def _screen_attribute(node: ast.Attribute, owner: str) -> None:
         return
     if attr.startswith("_"):
         _reject(node, owner, f".{attr}: private attributes of other objects (the library's machinery) are not allowed")
-    if attr in DENIED_ATTRIBUTES or DENIED_ATTRIBUTE_PATTERN.search(attr):
+    if attr in DENIED_ATTRIBUTES:
+        _reject(node, owner, f".{attr}: graded code may not reach other modules")
+    if library is not None and library.search(attr):
         _reject(node, owner, f".{attr}: the graded technique must be your own code, not the library's")
 
 
-def extract(sources: list[str], required: tuple[str, ...]) -> str:
+def extract(sources: list[str], required: tuple[str, ...], library: str = "") -> str:
     """The artefact module of ``sources``: literal constants, screened classes and functions.
+    ``library`` is a pattern (case-insensitive) of attribute names that lead to the library's
+    version of what is graded.
 
     Raises ``ArtefactRejected`` when a cell does not parse, a kept definition fails the screen, or
     a name in ``required`` is not defined at the top level of the cells.
     """
     with _AST_LOCK:
-        return _extract(sources, required)
+        return _extract(sources, required, re.compile(library, re.IGNORECASE) if library else None)
 
 
-def _extract(sources: list[str], required: tuple[str, ...]) -> str:
+def _extract(sources: list[str], required: tuple[str, ...], library: re.Pattern | None) -> str:
     kept: list[ast.stmt] = []
     defined: set[str] = set()
     for stmt in top_level_statements(sources, ArtefactRejected):
         if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and not _is_jit(stmt):
-            _screen(stmt)
+            _screen(stmt, library)
             kept.append(stmt)
             defined.add(stmt.name)
         elif (const := _constant(stmt)) is not None:

@@ -121,7 +121,7 @@ class _Workdir:
         # item's cells reach the child; a rejected one raises here, before anything is made.
         sources = [cells[c] for c in item.cells]
         kernel_source = kernels.extract(sources, item.kernels) if item.kernels else None
-        artefact_source = artefacts.extract(sources, item.artefacts) if item.artefacts else None
+        artefact_source = artefacts.extract(sources, item.artefacts, item.library) if item.artefacts else None
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-")
         self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
                     "params": params, "instruments": list(item.instruments)}

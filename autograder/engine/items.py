@@ -63,6 +63,7 @@ class Item:
     instruments: tuple[str, ...] = ()
     artefacts: tuple[str, ...] = ()
     scope: str = ""  # trusted imports that give ``artefacts`` the names they may use
+    library: str = ""  # attribute names (a pattern) that reach the library's version of the technique
 
     @property
     def is_speed(self) -> bool:

@@ -26,6 +26,8 @@ SCOPE = (
     "import triton\nimport triton.language as tl\nfrom fastdl_lab.optim import multi_tensor_table\n"
 )
 KERNEL = "fused_adamw_kernel"
+# torch.amp, GradScaler, the package's DynamicLossScaler, Adam and AdamW in any of their homes.
+LIBRARY = r"^amp$|scaler|adam"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HYPER = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "weight_decay": 0.05}
 
@@ -507,19 +509,19 @@ LAB = LabSpec(
     preamble="from fastdl_lab import device\n",
     items=[
         Item("bytes_per_param", 2, ("memory_code",), bytes_inputs, bytes_drive, bytes_check,
-             artefacts=("bytes_per_param",), scope=SCOPE,
+             artefacts=("bytes_per_param",), scope=SCOPE, library=LIBRARY,
              description="bytes per parameter of params, grads, master weights and optimizer state"),
         Item("loss_scaler", 3, ("scaler_code",), scaler_inputs, scaler_drive, scaler_check, kind="mechanism",
-             artefacts=("DynamicLossScaler",), scope=SCOPE,
+             artefacts=("DynamicLossScaler",), scope=SCOPE, library=LIBRARY,
              description="a dynamic loss scaler, step for step against torch.amp.GradScaler on scripted overflows"),
         Item("amp_train_step", 2, ("train_step_code",), step_inputs, step_drive, step_check,
-             artefacts=("train_step",), scope=SCOPE,
+             artefacts=("train_step",), scope=SCOPE, library=LIBRARY,
              description="bf16 autocast step: scale, unscale before clipping, step, update"),
         Item("fused_adamw", 4, ("adamw_kernel_code",), adamw_inputs, adamw_drive, adamw_check, kernels=(KERNEL,),
              description="the one-launch AdamW kernel against torch.optim.AdamW: fp32, bf16/fp16 with fp32 masters"),
         Item("fused_adamw_launches", 2, ("adamw_kernel_code", "adamw_optimizer_code"), optimizer_inputs,
              optimizer_drive, optimizer_check, kind="mechanism", kernels=(KERNEL,), artefacts=("FusedAdamW",),
-             scope=SCOPE, description="the optimizer class: one kernel launch per step, however many tensors"),
+             scope=SCOPE, library=LIBRARY, description="the optimizer class: one kernel launch per step, however many tensors"),
         Item("fused_adamw_speed", 2, ("adamw_kernel_code",), speed_inputs, kind="speed", check=speed_check,
              timed=speed_timed, baseline=speed_baseline, kernels=(KERNEL,),
              description="fused step vs torch foreach AdamW (GPU profiles)"),
