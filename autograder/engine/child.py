@@ -15,7 +15,7 @@ The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus ei
 
 Then it runs the item's ``drive`` once (mode "check"), or times the item's candidate against its
 baseline with ``fastdl_lab.timing.compare`` (mode "speed"; only kernel items are timed, so only
-trusted Python runs while the clock does), and saves the outputs.
+trusted Python runs while the clock does, or extracted artefacts), and saves the outputs.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _artefact_namespace(job: dict, workdir: str, kernels: dict) -> dict:
 def _timed(item, ns: dict, inputs: dict, params: dict) -> dict:
     from fastdl_lab import timing
 
-    candidate, baseline = item.timed(ns, inputs), item.baseline(inputs)
+    candidate, baseline = item.timed(ns, inputs), item.baseline(ns, inputs)
     result = {}
 
     def run_candidate():

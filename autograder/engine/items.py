@@ -10,8 +10,9 @@ names the student's solution cells it needs and three functions with a strict sp
 - ``check(inputs, outputs, params)`` runs in the parent, computes the reference itself and returns
   a ``Verdict``. It must treat ``outputs`` as hostile: anything can come back.
 
-Speed items are kernel items that add ``timed(ns, inputs)`` and ``baseline(inputs)``: the child,
-where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+Speed items add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` (a baseline may run the
+student's code on another backend, or ignore it) to a kernel or artefact item: the child, where no
+other student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
 A Python item whose figure is measured in the student's process names its ``instruments``
 (dotted names, bound before the cells run and verified unchanged after them). An item that
 grades Python classes or functions on their own names them in ``artefacts``: only those

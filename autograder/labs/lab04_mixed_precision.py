@@ -483,7 +483,7 @@ def speed_timed(ns: dict, inputs: dict):
     return _speed_run(inputs, lambda p, g, m, v, step: _fused_adamw(p, g, m, v, step, kernel=kernel, **hyper))
 
 
-def speed_baseline(inputs: dict):
+def speed_baseline(_ns: dict, inputs: dict):
     from fastdl_lab.optim import adamw_foreach
 
     hyper = {k: inputs[k] for k in HYPER}

@@ -177,7 +177,7 @@ def speed_timed(ns: dict, inputs: dict):
     return lambda: [_flash_attention(q, k, v, causal=True, kernels=kernels, function=_GraderWiring)]
 
 
-def speed_baseline(inputs: dict):
+def speed_baseline(_ns: dict, inputs: dict):
     import torch.nn.functional as F
 
     c = inputs["cases"][0]
