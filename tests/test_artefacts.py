@@ -54,6 +54,11 @@ def test_keeps_definitions_and_literal_constants_and_drops_the_rest():
     assert "import" not in module and "print(" not in module and "set_num_threads" not in module
 
 
+def test_constants_unpacked_from_a_tuple_are_kept():
+    module = artefacts.extract(["A, B = 16, 2.5\nC, f = 1, print\ndef f():\n    return A + B\n"], ("f",))
+    assert "A, B = (16, 2.5)" in module and "print" not in module
+
+
 def test_kernels_are_left_to_the_kernel_extractor():
     source = "import triton\n@triton.jit\ndef k(x_ptr):\n    pass\n\ndef f():\n    return 1\n"
     module = artefacts.extract([source], ("f",))

@@ -93,7 +93,8 @@ def _constant(stmt: ast.stmt) -> ast.stmt | None:
     else:
         return None
     # Dunder names (__builtins__ above all) would change how the kept functions resolve names.
-    if not all(isinstance(t, ast.Name) and not t.id.startswith("__") for t in targets):
+    names = [n for t in targets for n in (t.elts if isinstance(t, ast.Tuple) else [t])]
+    if not all(isinstance(n, ast.Name) and not n.id.startswith("__") for n in names):
         return None
     if isinstance(value, ast.Call):
         wraps_literal = (_dotted(value.func) in ("tl.constexpr", "triton.language.constexpr")

@@ -1,0 +1,256 @@
+"""Graded items of lab 08 rapids: an ETL pipeline written once for pandas and cuDF, a vectorised
+feature against the row loop, an ML step judged on labels it never sees, and GPU speed items.
+
+The student's functions are extracted and screened (``Item.artefacts``): nothing else of the
+notebook runs in the grading child. The tables are regenerated in the child from the hidden seed
+by the package's generator (DataFrames do not travel through ``inputs.pt``), the test labels stay
+in the parent, and the row-loop race is timed by trusted code on a different table per call, so a
+function cannot answer from a cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autograder.engine.items import Item, LabSpec, Verdict
+
+SCOPE = "import math\nimport numpy as np\nfrom fastdl_lab.tabular import day_of_week\n"
+KEYS = ["borough", "hour"]
+
+
+def _trips(inputs: dict):
+    from fastdl_lab import tabular
+
+    return tabular.make_trips(int(inputs["rows"]), seed=int(inputs["seed"]))
+
+
+def _plain(frame) -> dict:
+    """A table as lists of plain values: what ``inputs.pt``/``outputs.pt`` can carry."""
+    from fastdl_lab import tabular
+
+    frame = tabular.to_pandas(frame)
+    out = {}
+    for column in frame.columns:
+        values = frame[column].astype(object).where(frame[column].notna(), None).tolist()
+        out[str(column)] = [v.item() if hasattr(v, "item") else v for v in values]
+    return out
+
+
+def _frame(columns: dict):
+    import pandas as pd
+
+    if not isinstance(columns, dict) or not all(isinstance(v, list) for v in columns.values()):
+        raise AssertionError(f"expected a table, got {type(columns).__name__}")
+    return pd.DataFrame({str(k): v for k, v in columns.items()})
+
+
+def _seeded(seed: int, params: dict, rows_key: str = "rows", default: int = 5000) -> dict:
+    return {"rows": int(params.get(rows_key, default)), "seed": seed % (1 << 31)}
+
+
+# --- ETL --------------------------------------------------------------------------------------
+
+
+def etl_drive(ns: dict, inputs: dict) -> dict:
+    from fastdl_lab import tabular
+
+    be = tabular.backend("auto")
+    trips, zones = _trips(inputs)
+    if be.gpu:
+        trips, zones = be.df.from_pandas(trips), be.df.from_pandas(zones)
+    return {"table": _plain(ns["etl"](trips, zones)), "backend": be.name}
+
+
+def etl_check(inputs: dict, outputs, params: dict) -> Verdict:
+    from fastdl_lab import tabular
+
+    trips, zones = _trips(inputs)
+    want = tabular.etl_ref(trips, zones)
+    try:
+        got = _frame(outputs["table"])
+        tabular.compare_tables(got, want, KEYS)
+    except AssertionError as exc:
+        return Verdict.failed(f"on {inputs['rows']} hidden trips ({outputs.get('backend')}): {str(exc)[:500]}")
+    return Verdict.passed(f"the {len(want)}-row summary of {inputs['rows']} hidden trips matches the reference "
+                          f"({outputs['backend']})")
+
+
+# --- vectorised vs the row loop ----------------------------------------------------------------
+
+
+def _nudged(trips, i: int):
+    """Copy ``i`` of the table, every fare moved by a cent per copy: no two calls see the same data,
+    so a function that remembers past inputs (by identity or by content) cannot skip the work."""
+    return trips.assign(fare=trips["fare"] + 0.01 * i)
+
+
+def vectorised_drive(ns: dict, inputs: dict) -> dict:
+    import itertools
+
+    from fastdl_lab import tabular, timing
+
+    trips, _ = _trips(inputs)
+    student, calls, last = ns["fare_per_km"], itertools.count(1), {}
+
+    # Every call of either side takes a table no call has seen (the copy costs both sides alike,
+    # and the timer may call a fast function several times per sample).
+    def candidate():
+        i = next(calls)
+        last.update(copy=i, values=student(_nudged(trips, i)))
+
+    def baseline():
+        tabular.fare_per_km_loop(_nudged(trips, next(calls)))
+
+    cmp = timing.compare(candidate, baseline, warmup=int(inputs["warmup"]), reps=int(inputs["reps"]))
+    values = np.asarray(last["values"], dtype=float)
+    return {"copy": last["copy"], "values": [None if v != v else float(v) for v in values.tolist()],
+            "candidate_s": list(cmp.candidate.samples), "baseline_s": list(cmp.baseline.samples)}
+
+
+def vectorised_inputs(seed: int, params: dict) -> dict:
+    return {**_seeded(seed, params, default=6000), "warmup": int(params.get("warmup", 1)),
+            "reps": int(params.get("reps", 5))}
+
+
+def vectorised_check(inputs: dict, outputs, params: dict) -> Verdict:
+    from fastdl_lab import tabular
+
+    trips, _ = _trips(inputs)
+    copy = int(outputs["copy"])
+    # The values of the last timed call, against the row loop on the very copy it was given.
+    want = np.asarray(tabular.fare_per_km_loop(_nudged(trips, copy)), dtype=float)
+    got = np.array([math.nan if v is None else float(v) for v in outputs["values"]], dtype=float)
+    if got.shape != want.shape:
+        return Verdict.failed(f"fare_per_km returned {got.size} values for {want.size} trips")
+    close = np.isclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
+    if not close.all():
+        i = int(np.argmin(close))
+        return Verdict.failed(f"{int((~close).sum())} of {want.size} values differ from the row loop; "
+                              f"first at row {i}: {got[i]!r} instead of {want[i]!r}")
+    candidate, baseline = (float(np.median([float(s) for s in outputs[k]])) for k in ("candidate_s", "baseline_s"))
+    if min(candidate, baseline) <= 0:
+        return Verdict.failed("no positive timings")
+    speedup, target = baseline / candidate, float(params.get("min_speedup", 20.0))
+    details = {"speedup": speedup, "candidate_s": candidate, "baseline_s": baseline}
+    if speedup < target:
+        return Verdict(0.5, f"right values, but only {speedup:.1f}x faster than the row loop (needs {target:.0f}x): "
+                            "is there still a Python loop over the rows?", details)
+    return Verdict.passed(f"same values as the row loop, {speedup:.0f}x faster (needs {target:.0f}x)", **details)
+
+
+# --- ML ---------------------------------------------------------------------------------------
+
+
+def _split(inputs: dict):
+    from fastdl_lab import tabular
+
+    trips, _ = _trips(inputs)
+    X, y = tabular.features(trips, tabular.backend("cpu"))
+    X, y = X.to_numpy(), y.to_numpy()
+    n_train = int(len(y) * 0.75)
+    order = np.random.default_rng(int(inputs["seed"])).permutation(len(y))
+    train, test = order[:n_train], order[n_train:]
+    return X[train], y[train], X[test], y[test]
+
+
+def ml_drive(ns: dict, inputs: dict) -> dict:
+    from fastdl_lab import tabular
+
+    be = tabular.backend("auto")
+    X_train, y_train, X_test, _ = _split(inputs)
+    # The test labels stay here, in trusted code's frame, and are never handed to the function.
+    pred = ns["fit_predict"](X_train, y_train, X_test, be.ml)
+    pred = np.asarray(be.np.asnumpy(pred) if be.gpu else pred)
+    return {"pred": [int(v) for v in pred.reshape(-1).tolist()], "backend": be.name}
+
+
+def ml_check(inputs: dict, outputs, params: dict) -> Verdict:
+    from fastdl_lab import tabular
+
+    X_train, y_train, X_test, y_test = _split(inputs)
+    pred = np.asarray(outputs["pred"], dtype=np.int64)
+    if pred.shape != y_test.shape:
+        return Verdict.failed(f"{pred.size} predictions for {y_test.size} test rows")
+    reference = tabular.ml_ref(X_train, y_train, X_test, tabular.backend("cpu"))
+    best = max(tabular.accuracy(p, y_test) for name, p in reference.items() if name != "kmeans")
+    majority = max(float(np.mean(y_test)), 1 - float(np.mean(y_test)))
+    accuracy, slack = tabular.accuracy(pred, y_test), float(params.get("slack", 0.03))
+    details = {"accuracy": accuracy, "reference": best, "majority": majority}
+    if accuracy >= best - slack:
+        return Verdict.passed(f"accuracy {accuracy:.3f} on hidden test labels (reference {best:.3f})", **details)
+    if accuracy > majority + 0.01:
+        return Verdict(0.5, f"accuracy {accuracy:.3f}: better than always guessing the majority ({majority:.3f}) "
+                            f"but more than {slack:.2f} below the reference's {best:.3f}", details)
+    return Verdict.failed(f"accuracy {accuracy:.3f}, no better than always guessing the majority ({majority:.3f})",
+                          **details)
+
+
+# --- speed (GPU profiles) ---------------------------------------------------------------------
+
+
+def _needs_rapids():
+    from fastdl_lab import tabular
+
+    be = tabular.backend("auto")
+    if not be.gpu:
+        raise RuntimeError(f"needs RAPIDS on this GPU host: {be.reason}")
+    return be
+
+
+def etl_speed_timed(ns: dict, inputs: dict):
+    be = _needs_rapids()
+    trips, zones = _trips(inputs)
+    trips, zones = be.df.from_pandas(trips), be.df.from_pandas(zones)
+    return lambda: {"table": _plain(ns["etl"](trips, zones)), "backend": be.name}
+
+
+def etl_speed_baseline(ns: dict, inputs: dict):
+    # The same function on pandas: the lab's point is one pipeline, two backends.
+    trips, zones = _trips(inputs)
+    return lambda: ns["etl"](trips, zones)
+
+
+def ml_speed_timed(ns: dict, inputs: dict):
+    be = _needs_rapids()
+    X_train, y_train, X_test, _ = _split(inputs)
+
+    def run():
+        pred = ns["fit_predict"](X_train, y_train, X_test, be.ml)
+        return {"pred": [int(v) for v in np.asarray(be.np.asnumpy(pred)).reshape(-1).tolist()], "backend": be.name}
+
+    return run
+
+
+def ml_speed_baseline(ns: dict, inputs: dict):
+    from fastdl_lab import tabular
+
+    X_train, y_train, X_test, _ = _split(inputs)
+    cpu = tabular.backend("cpu")
+    return lambda: ns["fit_predict"](X_train, y_train, X_test, cpu.ml)
+
+
+def ml_speed_check(inputs: dict, outputs, params: dict) -> Verdict:
+    return ml_check(inputs, outputs, {**params, "slack": params.get("slack", 0.05)})
+
+
+LAB = LabSpec(
+    name="08_rapids",
+    preamble="from fastdl_lab import device\n",
+    items=[
+        Item("etl_pipeline", 4, ("etl_code",), _seeded, etl_drive, etl_check, artefacts=("etl",), scope=SCOPE,
+             description="clean, join, feature and aggregate hidden trips: the same table as the reference"),
+        Item("vectorised", 2, ("vectorised_code",), vectorised_inputs, vectorised_drive, vectorised_check,
+             kind="mechanism", artefacts=("fare_per_km",), scope=SCOPE,
+             description="a vectorised column against the row loop: same values, a ratio timed A/B"),
+        Item("ml_predictions", 3, ("ml_code",), _seeded, ml_drive, ml_check, artefacts=("fit_predict",), scope=SCOPE,
+             description="predictions judged on hidden test labels the function never sees"),
+        Item("etl_gpu_speed", 2, ("etl_code",), _seeded, kind="speed", check=etl_check, timed=etl_speed_timed,
+             baseline=etl_speed_baseline, artefacts=("etl",), scope=SCOPE,
+             description="your pipeline on cuDF vs the reference on pandas (GPU profiles)"),
+        Item("ml_gpu_speed", 2, ("ml_code",), _seeded, kind="speed", check=ml_speed_check, timed=ml_speed_timed,
+             baseline=ml_speed_baseline, artefacts=("fit_predict",), scope=SCOPE,
+             description="your ML step on cuML vs scikit-learn (GPU profiles)"),
+    ],
+)
