@@ -51,10 +51,13 @@ DEV = "cuda" if GPU else "cpu"
 # A GPU datasheet gives two headline numbers per precision: the **peak arithmetic rate**
 # (TFLOP/s, 10¹² floating-point operations per second) and the **memory bandwidth** (GB/s
 # between the GPU's DRAM, HBM on data-centre parts, and its chip). The table below lists the
-# GPUs this course is graded on. Notice three things:
+# GPUs this course knows the datasheets of (the grader has profiles for the T4, A100, H100 and
+# H200; the L4 is there for comparison). Notice three things:
 #
-# - The tensor-core rates (tf32, fp16, bf16) are 7–15× the plain fp32 rate. Using tensor cores is
-#   the single largest speed lever on a modern GPU, and it requires a matrix multiply.
+# - On the data-centre parts the tensor-core rates are 7–8× the plain fp32 rate in tf32 and
+#   15–16× in fp16 and bf16 (the T4, without tf32, 8× in fp16). The L4, an inference card, gets
+#   only 2× and 4×. Using tensor cores is the single largest speed lever on a modern GPU, and it
+#   requires a matrix multiply.
 # - Compute has grown much faster than bandwidth. The last two columns, the **ridge point**,
 #   divide one by the other: the number of FLOPs a kernel must do per byte it moves before
 #   arithmetic, not memory, becomes the bottleneck. On an H100 in fp16 that is about 300.

@@ -341,8 +341,9 @@ plt.show()
 #   is why the tests above judge fp32 results on a GPU by the low-precision rule.
 #
 # Neural network training tolerates this rounding well. A quick look at what it does to one
-# product, emulated on the CPU by rounding the inputs' mantissas to 10 bits. Expect TF32 to
-# lose exactly as much as fp16 inputs do: the two formats keep the same mantissa.
+# product, emulated on the CPU by rounding the inputs' mantissas to 10 bits. Expect TF32 to lose
+# about as much as fp16 inputs do: the two formats keep the same 10-bit mantissa, and fp16 adds
+# only what its narrower exponent range costs (values near its limits underflow or overflow).
 
 # %%
 def round_to_tf32(x):

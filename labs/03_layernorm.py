@@ -143,8 +143,10 @@ for label, y in (("two-pass reference in fp32", layernorm.layer_norm_ref(x, w, b
 # formula's is total. The two-pass method (first the mean, then the squared deviations from it)
 # is stable, but it needs the whole row before it can start its second sum. The relative error of
 # each variance as the ratio mean/std grows: the one-pass error grows like
-# $\epsilon\,(\mu/\sigma)^2$, the two-pass one like $\epsilon\,\mu/\sigma$, with
-# $\epsilon = 2^{-24}$ for fp32.
+# $\epsilon\,(\mu/\sigma)^2$, with $\epsilon = 2^{-24}$ for fp32. The two-pass one stays at the
+# level of rounding: the mean it subtracts is off by about $\epsilon\mu$, which adds only
+# $(\epsilon\mu/\sigma)^2$ to the relative error (the deviations from the exact mean sum to zero,
+# so the first-order term cancels), negligible until $\mu/\sigma$ nears $\epsilon^{-1/2} \approx 4000$.
 
 # %%
 ratios = [1, 10, 100, 1e3, 1e4, 1e5]

@@ -436,8 +436,10 @@ for label, sync, bucket_bytes in [("naive, one call per tensor", allreduce_gradi
 #    everyone has every complete chunk.
 #
 # Each rank sends $2(N-1)$ chunks of $S/N$ bytes: $2\frac{N-1}{N}S$, which stays below $2S$
-# however many ranks there are, and every link is busy at every step. No all-reduce algorithm can
-# make a rank send less (Patarasuk and Yuan, 2009, prove the bound). That is why NCCL uses rings
+# however many ranks there are, and every link is busy at every step. When the ranks do the
+# adding, no all-reduce algorithm can make a rank send less (Patarasuk and Yuan, 2009, prove the
+# bound). Switches that add in the network (NVLink SHARP in NVSwitch, SHARP in InfiniBand) change
+# the rules: each rank sends its $S$ bytes once and receives the sum. That is why NCCL uses rings
 # for large tensors (and trees where latency dominates), and why a collective's "bus bandwidth" is
 # quoted as $2\frac{N-1}{N}S / t$.
 #
