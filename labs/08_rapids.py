@@ -47,10 +47,9 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 
 from fastdl_lab import tabular, timing
-from fastdl_lab.tabular import day_of_week
+from fastdl_lab.tabular import day_of_week  # noqa: F401  (one of the grader's names, for your cells)
 
 be = tabular.backend("auto")
 print(f"backend: {be.name} ({be.reason})")

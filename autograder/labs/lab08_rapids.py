@@ -17,7 +17,6 @@ import numpy as np
 from autograder.engine.items import Item, LabSpec, Verdict
 
 SCOPE = "import math\nimport numpy as np\nfrom fastdl_lab.tabular import day_of_week\n"
-KEYS = ["borough", "hour"]
 
 
 def _trips(inputs: dict):
@@ -46,8 +45,8 @@ def _frame(columns: dict):
     return pd.DataFrame({str(k): v for k, v in columns.items()})
 
 
-def _seeded(seed: int, params: dict, rows_key: str = "rows", default: int = 5000) -> dict:
-    return {"rows": int(params.get(rows_key, default)), "seed": seed % (1 << 31)}
+def _seeded(seed: int, params: dict, default: int = 5000) -> dict:
+    return {"rows": int(params.get("rows", default)), "seed": seed % (1 << 31)}
 
 
 # --- ETL --------------------------------------------------------------------------------------
@@ -70,7 +69,7 @@ def etl_check(inputs: dict, outputs, params: dict) -> Verdict:
     want = tabular.etl_ref(trips, zones)
     try:
         got = _frame(outputs["table"])
-        tabular.compare_tables(got, want, KEYS)
+        tabular.compare_tables(got, want, tabular.KEYS)
     except AssertionError as exc:
         return Verdict.failed(f"on {inputs['rows']} hidden trips ({outputs.get('backend')}): {str(exc)[:500]}")
     return Verdict.passed(f"the {len(want)}-row summary of {inputs['rows']} hidden trips matches the reference "
@@ -162,8 +161,7 @@ def ml_drive(ns: dict, inputs: dict) -> dict:
     X_train, y_train, X_test, _ = _split(inputs)
     # The test labels stay here, in trusted code's frame, and are never handed to the function.
     pred = ns["fit_predict"](X_train, y_train, X_test, be.ml)
-    pred = np.asarray(be.np.asnumpy(pred) if be.gpu else pred)
-    return {"pred": [int(v) for v in pred.reshape(-1).tolist()], "backend": be.name}
+    return {"pred": [int(v) for v in tabular.to_numpy(pred).reshape(-1).tolist()], "backend": be.name}
 
 
 def ml_check(inputs: dict, outputs, params: dict) -> Verdict:
@@ -213,12 +211,14 @@ def etl_speed_baseline(ns: dict, inputs: dict):
 
 
 def ml_speed_timed(ns: dict, inputs: dict):
+    from fastdl_lab import tabular
+
     be = _needs_rapids()
     X_train, y_train, X_test, _ = _split(inputs)
 
     def run():
         pred = ns["fit_predict"](X_train, y_train, X_test, be.ml)
-        return {"pred": [int(v) for v in np.asarray(be.np.asnumpy(pred)).reshape(-1).tolist()], "backend": be.name}
+        return {"pred": [int(v) for v in tabular.to_numpy(pred).reshape(-1).tolist()], "backend": be.name}
 
     return run
 

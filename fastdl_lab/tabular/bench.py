@@ -18,7 +18,7 @@ import pandas as pd
 
 from fastdl_lab.tabular import etl, ml
 from fastdl_lab.tabular.backend import backend, from_pandas
-from fastdl_lab.tabular.data import make_trips, read_trips, write_dataset
+from fastdl_lab.tabular.data import TINY_SUMMARY, make_trips, read_trips, tiny_trips, write_dataset
 
 BENCHMARK = {
     "name": "tabular",
@@ -176,36 +176,6 @@ def benchmark(reps: int = 5, log: Callable[[str], None] = print) -> list[dict]:
     if not gpu.gpu:
         log(f"{', '.join(BENCHMARK['gpu_only'])}: needs a GPU ({gpu.reason})")
     return rows
-
-
-def tiny_trips() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Seven hand-made trips whose summary can be worked out on paper (see ``check``)."""
-    t = pd.Timestamp("2024-03-04")  # a Monday
-    at = lambda h, m: t + pd.Timedelta(hours=h, minutes=m)  # noqa: E731
-    trips = pd.DataFrame({
-        "trip_id": np.arange(1, 8, dtype="int64"),
-        "pickup_at": [at(8, 10), at(8, 20), at(17, 0), at(9, 0), at(9, 5), at(9, 10), at(9, 0)],
-        "dropoff_at": [at(8, 30), at(8, 50), at(17, 20), at(9, 30), at(9, 25), at(9, 0), at(9, 15)],
-        "pickup_zone": np.array([1, 1, 99, 2, 2, 2, 2], dtype="int64"),
-        "dropoff_zone": np.array([2, 2, 1, 1, 1, 1, 1], dtype="int64"),
-        "passengers": pd.array([2, None, 1, 1, 1, 1, 3], dtype="Int64"),
-        "distance_km": [2.0, 4.0, 5.0, 3.0, 0.0, 2.0, 3.0],
-        "fare": [10.0, 20.0, 30.0, np.nan, 8.0, 9.0, 12.0],
-        "tip": [2.0, 0.0, 6.0, 0.0, 1.0, 0.0, 0.0],
-        "payment": [" Card", "cash ", "CARD", "dispute", "card", "Cash", " unknown"],
-        "vendor": ["CMT", "VTS", "VTS", "CMT", "CMT", "VTS", "DDS"],
-    })
-    zones = pd.DataFrame({"zone_id": np.array([1, 2], dtype="int64"), "borough": ["Manhattan", "Brooklyn"],
-                          "zone_name": ["Park 1", "Heights 2"]})
-    return trips, zones
-
-
-# Worked out by hand from tiny_trips: trips 4-6 are dropped (null fare, zero distance, dropoff
-# before pickup); trip 3's zone 99 is unknown; trip 2's null passenger count is skipped.
-TINY_SUMMARY = pd.DataFrame({
-    "borough": ["Brooklyn", "Manhattan", "Unknown"], "hour": [9, 8, 17], "trips": [1, 2, 1],
-    "mean_fare": [12.0, 15.0, 30.0], "mean_distance_km": [3.0, 3.0, 5.0],
-    "mean_passengers": [3.0, 2.0, 1.0], "card_share": [0.0, 0.5, 1.0]})
 
 
 def check() -> None:

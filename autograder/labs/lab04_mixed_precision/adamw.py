@@ -69,10 +69,6 @@ def _torch_adamw(inputs: dict, init: list[torch.Tensor], grads: list[list[torch.
     return [p.detach() for p in params]
 
 
-def _ulp(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps
-
-
 def adamw_check(inputs: dict, outputs, params: dict) -> Verdict:
     groups = inputs["groups"]
     if not isinstance(outputs, list) or len(outputs) != len(groups):
@@ -96,7 +92,7 @@ def adamw_check(inputs: dict, outputs, params: dict) -> Verdict:
                 raise AssertionError(f"{name}: the parameter became {got['params'][j].dtype}")
             # A 16-bit parameter is its master rounded once: within one unit in the last place
             # (the CPU interpreter truncates to bf16 where a GPU rounds to nearest).
-            tol = 2e-5 if dtype == torch.float32 else _ulp(dtype)
+            tol = 2e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
             checks.assert_close(got["params"][j].float(), ref.to(dtype).float(), name=name, atol=tol, rtol=tol)
 
     return per_case(labels, check_one)

@@ -119,13 +119,8 @@ def _scripted_run(run: dict, scaler) -> dict:
     overflow = _Overflow(model, dict(run["script"]))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     stepped, scales = [], []
-    real_step = opt.step
-
-    def counted_step(*args, **kwargs):
-        stepped[-1] = True
-        return real_step(*args, **kwargs)
-
-    opt.step = counted_step
+    # Fired by the optimizer itself after each step it really takes, whatever the scaler.
+    opt.register_step_post_hook(lambda *_: stepped.__setitem__(-1, True))
     for s, (x, y) in enumerate(zip(run["x"], run["y"])):
         overflow.step = s
         stepped.append(False)
