@@ -84,6 +84,12 @@ def test_kernels_are_left_to_the_kernel_extractor():
     ("global BLOCK\n    BLOCK = 1", "global"),
     ("return torch.serialization.sys", ".sys"),
     ("return x.grad._base", "._base"),
+    ("torch.Tensor.item = lambda t: 0.0", "assigning .item"),
+    ("x.parameters = list", "assigning .parameters"),
+    ("type(x).tolist = list", "assigning .tolist"),
+    ("del torch.Tensor.numpy", "assigning .numpy"),
+    ("x.count += 1", "assigning .count"),
+    ("return torch.multiprocessing", ".multiprocessing"),
 ])
 def test_screen_refuses_ways_out(body, why):
     source = f"def f(x):\n    {body}\n"

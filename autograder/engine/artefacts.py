@@ -16,7 +16,12 @@ and refuses the submission when anything kept could reach past the names the gra
 - builtins that reach objects by name or run source (``getattr``, ``eval``, ``globals``, ...);
 - attributes with a leading underscore except on ``self`` / ``cls`` (``torch._foreach_*``,
   ``torch._amp_update_scale_``, ``torch._C``: the library's private machinery);
-- attributes that lead to other modules (``sys``, ``modules``, ``importlib``, ``ops``), and those
+- assigning or deleting attributes of anything but ``self`` / ``cls`` (``torch.Tensor.item = ...``,
+  ``model.parameters = ...``: a rebound library method runs the student's code inside trusted
+  code, after the instruments that count it have stopped);
+- attributes that lead to other modules (``sys``, ``modules``, ``importlib``, ``ops``) or start
+  threads and processes (``threading``, ``multiprocessing``: work done there escapes the
+  instruments of the calling thread), and those
   the item names as the library's own version of the graded technique (``Item.library``, a
   pattern: lab 04 refuses ``amp``, ``*Scaler*`` and ``*adam*``).
 
@@ -40,6 +45,7 @@ DENIED_CALLS = frozenset({
 DENIED_ATTRIBUTES = frozenset({
     "sys", "modules", "os", "importlib", "builtins", "ops", "library", "hub", "load",
     "f_globals", "f_locals", "f_back", "gi_frame", "cr_frame", "tb_frame", "func_globals",
+    "threading", "multiprocessing", "subprocess", "ctypes", "Thread", "Process",
 })
 OWN = frozenset({"self", "cls"})
 # Names only: a class's or function's name is a string, and error messages use it.
@@ -98,6 +104,8 @@ def _screen_attribute(node: ast.Attribute, owner: str, library: re.Pattern | Non
     if attr.startswith("__"):
         _reject(node, owner, f"the attribute .{attr} is not allowed")
     on_own = isinstance(node.value, ast.Name) and node.value.id in OWN
+    if isinstance(node.ctx, (ast.Store, ast.Del)) and not on_own:
+        _reject(node, owner, f"assigning .{attr}: graded code may change attributes of its own objects only (self.{attr})")
     if on_own:
         return
     if attr.startswith("_"):
