@@ -40,6 +40,8 @@ SETPRIV = "/usr/bin/setpriv"
 # is), the linker's cache and Debian's alternatives (cc -> gcc).
 SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.so.cache")
 MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
+# The sandbox's own /dev/shm (shared-memory tensors of DataLoader workers, semaphores).
+SHM_BYTES = 1 << 30
 # The interpreter as the sandbox sees it: a path with ".." through folders it lacks would not resolve.
 PYTHON = os.path.normpath(os.path.abspath(sys.executable))
 
@@ -107,6 +109,12 @@ def command(argv: list[str], view: View) -> list[str]:
         args += _dir_args(path, made) + ["--ro-bind-try", path, path]
     # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # bubblewrap's /dev/shm is a plain root-owned directory, which the dropped uid cannot write:
+    # POSIX semaphores (every multiprocessing Lock and Queue, so every DataLoader with workers)
+    # and torch's shared-memory tensors live there. A sticky, world-writable tmpfs of its own
+    # fixes that; its size is capped because pages parked there and unmapped are memory the
+    # resident-set watchdog does not see.
+    args += ["--perms", "01777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     for path in _python_paths():
         args += _dir_args(path, made) + ["--ro-bind", path, path]
     for host, inside in view.read_only.items():
