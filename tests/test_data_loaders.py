@@ -198,6 +198,8 @@ def pids():
 
 shm = os.statvfs("/dev/shm")
 print("shm bytes", shm.f_blocks * shm.f_frsize)
+tmp = os.statvfs("/tmp")
+print("tmp bytes", tmp.f_blocks * tmp.f_frsize)
 dataset = loaders.JpegDataset(images.jpeg_corpus(16, size=48, seed=2), size=24, seed=9)
 loader = DataLoader(dataset, batch_size=4, sampler=loaders.EpochSampler(16), num_workers=2, persistent_workers=True)
 batches, during = [], []
@@ -237,7 +239,9 @@ def test_workers_run_inside_the_grading_sandbox(tmp_path):
     result = run_sandboxed([bwrap.PYTHON, f"{bwrap.JOB}/script.py", marker], limits=limits, cwd=str(work),
                            env=grade._child_env(sandbox, str(work)), view=view)
     assert result.status == "ok" and result.sandboxed, result.output_tail[-2000:]
+    # Both tmpfs mounts are capped: what is parked there is memory no resident-set limit sees.
     assert f"shm bytes {bwrap.SHM_BYTES}" in result.output_tail
+    assert f"tmp bytes {bwrap.TMP_BYTES}" in result.output_tail
     # bubblewrap's init, the script and its two workers while loading; only the first two after.
     assert "processes during 4 after 2" in result.output_tail, result.output_tail[-500:]
     sandboxed = torch.load(work / "batches.pt", weights_only=True)

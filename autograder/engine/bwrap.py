@@ -42,6 +42,8 @@ SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.
 MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 # The sandbox's own /dev/shm (shared-memory tensors of DataLoader workers, semaphores).
 SHM_BYTES = 1 << 30
+# The sandbox's /tmp (compiler scratch files, Triton's build folder).
+TMP_BYTES = 1 << 30
 # The interpreter as the sandbox sees it: a path with ".." through folders it lacks would not resolve.
 PYTHON = os.path.normpath(os.path.abspath(sys.executable))
 
@@ -108,7 +110,8 @@ def command(argv: list[str], view: View) -> list[str]:
     for path in SYSTEM_RO:
         args += _dir_args(path, made) + ["--ro-bind-try", path, path]
     # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # Capped like /dev/shm below: a file parked in a tmpfs is memory no resident-set limit sees.
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
     # bubblewrap's /dev/shm is a plain root-owned directory, which the dropped uid cannot write:
     # POSIX semaphores (every multiprocessing Lock and Queue, so every DataLoader with workers)
     # and torch's shared-memory tensors live there. A sticky, world-writable tmpfs of its own
