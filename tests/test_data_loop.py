@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from autograder.strip import strip_solutions
-from fastdl_lab.data import loop
+from fastdl_lab.data import loop, text
 from fastdl_lab.data.syncs import SyncCounter
 
 STEPS, BATCH, SEED = 8, 16, 5
@@ -91,7 +91,7 @@ def test_one_order_for_every_loader(dataset):
         return [batch[2].tolist() for _ in range(epochs) for batch in loader]
 
     single = DataLoader(dataset, batch_size=BATCH, sampler=loop.shuffle_sampler(dataset, SEED),
-                        collate_fn=loop._pad_collate)
+                        collate_fn=text.pad_collate)
     workers = loop.make_loader(dataset, batch_size=BATCH, seed=SEED)
     try:
         assert labels(single) == labels(workers)
@@ -104,7 +104,7 @@ def test_padding_does_not_change_the_model():
     model = loop.TextClassifier(vocab=50, seed=3)
     seqs = [torch.tensor([4, 9, 2]), torch.tensor([7, 7, 1, 30, 12])]
     batch = [(s, 0) for s in seqs]
-    tight, wide = loop._pad_collate(batch)[0], loop._pad_collate(batch, length=40)[0]
+    tight, wide = text.pad_collate(batch)[0], text.pad_to_max_collate(40)(batch)[0]
     assert tight.shape == (2, 5) and wide.shape == (2, 40)
     torch.testing.assert_close(model(wide), model(tight), rtol=1e-6, atol=1e-7)
     assert not model.embed.weight[0].any()

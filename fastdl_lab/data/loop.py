@@ -18,14 +18,13 @@ device's way. Their losses agree to rounding, so the only difference a profiler 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-_PAD = 0
+from fastdl_lab.data.text import PAD as _PAD
+from fastdl_lab.data.text import pad_collate, pad_to_max_collate
 
 # Per-class loss weights, as a task with rarer classes would set them.
 CLASS_WEIGHTS = [1.0, 2.0, 0.5, 1.5]
@@ -128,15 +127,6 @@ def fresh_run(seed: int, vocab: int = 4096,
     return model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
 
 
-def _pad_collate(batch, length: int | None = None):
-    """``(tokens [B, L], lengths [B], labels [B])``, padded to ``length`` or to the batch's longest."""
-    seqs, labels = zip(*batch)
-    tokens = nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=_PAD)
-    if length is not None and length > tokens.shape[1]:
-        tokens = F.pad(tokens, (0, length - tokens.shape[1]), value=_PAD)
-    return tokens, torch.tensor([len(s) for s in seqs]), torch.tensor(labels)
-
-
 def shuffle_sampler(dataset: Dataset, seed: int) -> RandomSampler:
     """The shuffled order both loops use: any loader with this sampler and batch size sees the same batches.
 
@@ -172,7 +162,7 @@ def train_slow(model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Text
 
     longest = max(len(s) for s in dataset.seqs)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=shuffle_sampler(dataset, seed),
-                        collate_fn=functools.partial(_pad_collate, length=longest))
+                        collate_fn=pad_to_max_collate(longest))
     model.train()
     losses = []
     batches = _batches(loader)
@@ -202,7 +192,7 @@ def make_loader(dataset: TextDataset, *, batch_size: int, seed: int, device: str
     ### BEGIN SOLUTION
     # Two workers collate ahead of the loop; each keeps four batches in flight, and the pool
     # survives from one epoch to the next. Each batch is padded only to its own longest sequence.
-    return DataLoader(dataset, batch_size=batch_size, sampler=shuffle_sampler(dataset, seed), collate_fn=_pad_collate,
+    return DataLoader(dataset, batch_size=batch_size, sampler=shuffle_sampler(dataset, seed), collate_fn=pad_collate,
                       num_workers=2, prefetch_factor=4, persistent_workers=True,
                       pin_memory=torch.device(device).type == "cuda")
     ### END SOLUTION
