@@ -133,7 +133,7 @@ def test_labels_and_lengths():
 def test_planted_inefficiencies_and_solution_regions():
     assert len(loop._PLANTED) == 6 and "six things in it are slow" in loop.__doc__.strip().splitlines()[-1]
     root = Path(loop.__file__).parent
-    for module, graded in [("loop.py", {"make_loader", "train_fast"}), ("profile.py", {"step_mfu"}),
+    for module, graded in [("loop.py", {"make_loader", "train_fast"}), ("profile.py", set()),
                            ("syncs.py", set())]:
         source = (root / module).read_text()
         stubbed = {node.name for node in ast.walk(ast.parse(strip_solutions(source)))

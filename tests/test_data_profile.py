@@ -3,7 +3,6 @@ import json
 import pytest
 import torch
 
-from fastdl_lab import measure
 from fastdl_lab.data import profile
 
 
@@ -83,7 +82,3 @@ def test_step_flops_of_a_linear_layer():
     assert profile.step_flops(lambda: layer(x)) == 2 * m * n * k
     # Backward needs two products of the same size: the gradients of the input and of the weight.
     assert profile.step_flops(lambda: layer(x).sum().backward()) == 3 * 2 * m * n * k
-
-
-def test_step_mfu_uses_lab_00s_formula():
-    assert profile.step_mfu(3 * 10**12, 0.5, 12.0) == pytest.approx(measure.mfu_ref(6.0, 12.0)) == pytest.approx(0.5)

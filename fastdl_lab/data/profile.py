@@ -6,7 +6,8 @@
   can be studied anywhere: the ops that take the host's time, the stretches where the main thread
   ran no op at all (Python, a metric library, a collate: the device starves there), and the events
   that make the host wait for the device.
-- ``step_flops`` / ``step_mfu``: useful FLOPs of one step, and the fraction of a peak they reach.
+- ``step_flops``: the useful FLOPs of one step; divided by the step time and lab 00's measured or
+  datasheet peak, they give the step's MFU.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastdl_lab import device, measure
+from fastdl_lab import device
 
 _REPO = Path(__file__).resolve().parents[2]
 _fallback_dir: Path | None = None
@@ -206,10 +207,3 @@ def step_flops(fn: Callable[[], object]) -> int:
     with counter:
         fn()
     return int(counter.get_total_flops())
-
-
-def step_mfu(flops: int, step_seconds: float, peak_tflops: float) -> float:
-    """Model FLOP utilisation of a step that does ``flops`` useful FLOPs in ``step_seconds``."""
-    ### BEGIN SOLUTION
-    return measure.mfu_ref(flops / step_seconds / 1e12, peak_tflops)
-    ### END SOLUTION
