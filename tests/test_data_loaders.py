@@ -185,7 +185,7 @@ def test_benchmark_rows_have_one_set_of_columns():
     # Persistence only with workers, and one row with torch's default threads.
     assert len(configs) == 2 + 3 * 4 + 1
     assert all(c["num_workers"] or not c["persistent_workers"] for c in configs)
-    assert bench.ROWS[-1] is bench.preprocess_rows
+    assert bench.ROWS[-2:] == [bench.loop_rows, bench.padding_rows]
 
 
 SANDBOX_SCRIPT = r"""

@@ -2,7 +2,7 @@
 
 Every row comes from a function in ``ROWS`` that takes the log and returns rows made by ``row``
 (one fixed set of columns, so another module's measurements append to the same CSV: add its
-function to ``ROWS``). The image pipeline's own rows:
+function to ``ROWS``). The rows:
 
 - decoding a JPEG: PIL at full size against PIL's draft mode (and torchvision's nvJPEG decoder on a
   GPU host), with the pixels each one produces;
@@ -10,7 +10,9 @@ function to ``ROWS``). The image pipeline's own rows:
   copy would move for each (uint8 before augmenting, float32 after);
 - the CPU cost of one item: decode + augment, draft decode + augment, augment alone;
 - DataLoader images/s for num_workers x pin_memory x persistent_workers, A/B interleaved runs;
-- pre-processing once against decoding every epoch.
+- pre-processing once against decoding every epoch;
+- the planted training loop against the fixed one: time per step, syncs, ops and uploads per step;
+- padding fractions of padding to the maximum, random batches, bucketing and packing.
 """
 
 from __future__ import annotations
@@ -227,8 +229,67 @@ def preprocess_rows(log: Log) -> list[dict]:
                 speedup=every["wall_s"] / (once["wall_s"] + pre.decode_s), figure=len(jpegs), unit="decodes")]
 
 
+def loop_rows(log: Log) -> list[dict]:
+    """The planted loop against the fixed one on real docstrings: A/B times, and per step the syncs,
+    ops and uploads ``SyncCounter`` sees (the fixed loop with a single-process loader too, which
+    separates the loop's own fixes from the loader's)."""
+    from torch.utils.data import DataLoader
+
+    from fastdl_lab import timing
+    from fastdl_lab.data import loop, text
+    from fastdl_lab.data.syncs import SyncCounter
+
+    spec, dev = _spec(), "cuda" if device.has_gpu() else "cpu"
+    steps, batch = 2 * spec["batches"], spec["batch_size"]
+    dataset = loop.make_dataset(text.corpus(steps * batch, seed=0, max_len=256))
+
+    def slow():
+        model, optimizer = loop.fresh_run(0, device=dev)
+        loop.train_slow(model, optimizer, dataset, steps=steps, batch_size=batch, seed=0, device=dev)
+
+    def fast(workers: bool):
+        model, optimizer = loop.fresh_run(0, device=dev)
+        loader = (loop.make_loader(dataset, batch_size=batch, seed=0, device=dev) if workers else
+                  DataLoader(dataset, batch_size=batch, sampler=loop.shuffle_sampler(dataset, 0),
+                             collate_fn=text.pad_collate))
+        loop.train_fast(model, optimizer, loader, steps=steps, device=dev)
+
+    variants = {"train_slow": (slow, 0), "train_fast, one process": (lambda: fast(False), 0),
+                "train_fast + make_loader": (lambda: fast(True), 2)}
+    rows = []
+    for name, (fn, workers) in variants.items():
+        common = dict(op="loop", variant=name, size=256, batch_size=batch, num_workers=workers)
+        if fn is slow:
+            timed = timing.bench(slow, warmup=1, reps=spec["runs"])
+            rows.append(row(**common, median_s=timed.median / steps, iqr_s=timed.iqr / steps, speedup=1.0,
+                            figure=steps, unit="steps"))
+        else:
+            cmp = timing.compare(fn, slow, warmup=1, reps=spec["runs"])
+            rows.append(row(**common, median_s=cmp.candidate.median / steps, iqr_s=cmp.candidate.iqr / steps,
+                            speedup=cmp.speedup, ci_low=cmp.ci_low, ci_high=cmp.ci_high, figure=steps, unit="steps"))
+        with SyncCounter(device=dev) as counts:
+            fn()
+        for unit, count in (("syncs", counts.syncs), ("ops", counts.ops), ("uploads", counts.uploads)):
+            rows.append(row(**{**common, "op": "loop counts"}, figure=count / steps, unit=f"{unit} per step"))
+        timed = rows[-4]
+        log(f"{name}: {timed['median_s'] * 1e3:.2f} ms per step ({timed['speedup']:.2f}x train_slow), "
+            f"{counts.syncs / steps:.1f} syncs, {counts.ops / steps:.0f} ops, {counts.uploads / steps:.1f} uploads per step")
+    return rows
+
+
+def padding_rows(log: Log) -> list[dict]:
+    """Padding fraction of the four batchings on every stdlib docstring, cut at 256 tokens (batch 32)."""
+    from fastdl_lab.data import text
+
+    report = text.padding_report(text.docstring_lengths(), 32, 0, 256)
+    log("padding: " + ", ".join(f"{name} {fraction:.1%}" for name, fraction in report.items()))
+    return [row(op="padding", variant=name, size=256, batch_size=32, figure=fraction, unit="padding fraction")
+            for name, fraction in report.items()]
+
+
 # Row-producing functions, run in this order; append another module's to record its rows here.
-ROWS: list[Callable[[Log], list[dict]]] = [decode_rows, augment_rows, item_rows, loader_rows, preprocess_rows]
+ROWS: list[Callable[[Log], list[dict]]] = [decode_rows, augment_rows, item_rows, loader_rows, preprocess_rows,
+                                           loop_rows, padding_rows]
 
 
 def _machine_note() -> str:
