@@ -123,8 +123,19 @@ def test_own_private_attributes_are_allowed():
 
 
 def test_missing_and_unparsable_cells_are_named():
-    with pytest.raises(ArtefactRejected, match="no class or function named Scaler"):
+    with pytest.raises(ArtefactRejected, match="no class, function or constant named Scaler"):
         artefacts.extract(["def other():\n    pass\n"], ("Scaler",))
+    # A computed value is not a constant: it is dropped, so it cannot satisfy the item.
+    with pytest.raises(ArtefactRejected, match="constant named SOURCE"):
+        artefacts.extract(["SOURCE = open('/etc/passwd').read()\n"], ("SOURCE",))
+
+
+def test_required_literal_constants_are_artefacts():
+    kept = artefacts.extract(['SOURCE = r"""int f() { return 1; }"""\nA, B = 1, 2\nX: int = 3\n'],
+                             ("SOURCE", "B", "X"))
+    ns = {}
+    exec(kept, ns)
+    assert (ns["SOURCE"], ns["B"], ns["X"]) == ("int f() { return 1; }", 2, 3)
     with pytest.raises(ArtefactRejected, match="does not parse"):
         artefacts.extract(["def f(:\n"], ("f",))
 

@@ -85,3 +85,22 @@ def test_loopback_only_when_asked(tmp_path):
     assert closed.status == "error"
     opened = run_sandboxed([sys.executable, "-c", code], limits=Limits(wall_s=10, loopback=True), cwd=str(tmp_path), env=env)
     assert opened.status == "ok" and "connected" in opened.output_tail
+
+
+def test_compiler_caches_are_private_to_the_work_directory():
+    from autograder.engine import bwrap
+
+    env = bwrap.environment(gpu=False, home="/job")
+    assert env["TRITON_CACHE_DIR"].startswith("/job/") and env["TORCH_EXTENSIONS_DIR"].startswith("/job/")
+
+
+def test_an_item_that_builds_gets_more_time_only_for_itself():
+    from autograder import profiles
+    from autograder.engine.grade import _item_limits
+    from autograder.engine.items import Item
+
+    profile = profiles.load("cpu")
+    plain = _item_limits(Item("plain", 1.0, (), lambda seed, params: {}), profile)
+    builds = _item_limits(Item("builds", 1.0, (), lambda seed, params: {}, build_s=60), profile)
+    assert builds.wall_s == plain.wall_s + 60 and builds.cpu_s == plain.cpu_s + 120
+    assert builds.memory_bytes == plain.memory_bytes

@@ -138,9 +138,12 @@ def _extract(sources: list[str], required: tuple[str, ...], library: re.Pattern 
             defined.add(stmt.name)
         elif (const := _constant(stmt)) is not None:
             kept.append(const)
+            # A required constant is an artefact too (lab 09's C++ source is a string).
+            defined |= {n.id for t in const.targets for n in (t.elts if isinstance(t, ast.Tuple) else [t])
+                        if isinstance(n, ast.Name)} if isinstance(const, ast.Assign) else {const.target.id}
     missing = [name for name in required if name not in defined]
     if missing:
-        raise ArtefactRejected(f"the solution cells define no class or function named {missing[0]}")
+        raise ArtefactRejected(f"the solution cells define no class, function or constant named {missing[0]}")
     return ast.unparse(ast.fix_missing_locations(ast.Module(body=kept, type_ignores=[]))) + "\n"
 
 

@@ -139,8 +139,11 @@ def environment(*, gpu: bool, home: str = JOB, tmp: str = "/tmp", **extra: str) 
     """What every process that runs student code starts from: nothing of the grader's own
     environment but the search path and, on GPU hosts, how to find CUDA. Without a GPU, Triton
     runs its interpreter and torch sees no device."""
+    # Compiler caches live in the private work directory: a build one submission left behind can
+    # never be loaded by another's (Triton kernels, C++ extensions built with load_inline).
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": tmp,
-           "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": os.path.join(home, ".triton"), **extra}
+           "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
+           "TORCH_EXTENSIONS_DIR": os.path.join(home, ".torch_extensions"), **extra}
     if not gpu:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""

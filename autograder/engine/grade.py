@@ -215,6 +215,8 @@ def _item_limits(item: Item, profile: dict) -> Limits:
     limits.max_processes += item.processes
     # Every rank imports torch: resident memory grows with the world.
     limits.memory_bytes += item.processes * (1 << 30)
+    limits.wall_s += item.build_s
+    limits.cpu_s += 2 * item.build_s
     return limits
 
 

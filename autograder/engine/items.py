@@ -65,6 +65,9 @@ class Item:
     artefacts: tuple[str, ...] = ()
     scope: str = ""  # trusted imports that give ``artefacts`` the names they may use
     library: str = ""  # attribute names (a pattern) that reach the library's version of the technique
+    # Seconds added to the profile's wall limit (twice as many CPU seconds) for an item that
+    # compiles the student's source before it runs it (lab 09's C++ extension).
+    build_s: float = 0.0
 
     @property
     def is_speed(self) -> bool:
