@@ -88,8 +88,8 @@ def _time_rows(ops: dict[str, LLTMOps], dev: str, reps: int, log) -> list[dict]:
                 else:
                     cmp = timing.compare(fn, baseline, reps=reps, threads=threads)
                     t = cmp.candidate
-            rows.append(_row(op=which, implementation=name, device=dev, threads=threads, dtype=str(dtype).replace("torch.", ""),
-                             **shape, median_s=t.median, iqr_s=t.iqr,
+            rows.append(_row(op=which, implementation=name, device=dev, threads=threads,
+                             dtype=str(dtype).replace("torch.", ""), **shape, median_s=t.median, iqr_s=t.iqr,
                              speedup_vs_python=cmp.speedup if cmp else 1.0,
                              ci_low=cmp.ci_low if cmp else None, ci_high=cmp.ci_high if cmp else None))
             log(f"{dev:>4} {which:>8} {name:>12}: {t.median * 1e6:8.1f} us"

@@ -162,9 +162,9 @@ class LLTM(nn.Module):
     """One LLTM cell: ``forward(input, (h, c)) -> (new_h, new_cell)``.
 
     ``backend``: "python" (the hand-written ops), "cpp" or "cuda" (a built extension). For the
-    compiled backends pass ``ops=`` (``ops_of(module)`` of a build; it overrides ``backend``); without it "cpp" builds the
-    reference source with ``build_cpp`` (about half a minute the first time, then cached) and
-    "cuda" builds the CUDA source, which needs a GPU host.
+    compiled backends pass ``ops=`` (``ops_of(module)`` of a build; it overrides ``backend``);
+    without it "cpp" builds the reference source with ``build_cpp`` (about half a minute the first
+    time, then cached) and "cuda" builds the CUDA source, which needs a GPU host.
     """
 
     def __init__(self, input_features: int, state_size: int, backend: str = "python",
