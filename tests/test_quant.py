@@ -391,8 +391,8 @@ def test_fold_model_and_the_fold_argument():
 
 
 def test_solution_regions_and_the_student_copy(tmp_path):
-    for name, graded in (("formats.py", {"quantize_per_channel_ref"}), ("int8_matmul.py", {"_int8_matmul_kernel"}),
-                         ("qat.py", {"forward", "backward"}), ("fusion.py", set()), ("bench.py", set()),
+    for name, graded in (("formats.py", {"quantize_per_channel_ref"}), ("w8a8.py", {"_int8_matmul_kernel"}),
+                         ("training.py", {"forward", "backward"}), ("fusion.py", set()), ("bench.py", set()),
                          ("__init__.py", set())):
         source = (QUANT / name).read_text()
         stripped = strip_solutions(source, where=name)

@@ -4,9 +4,9 @@ fusion (lab 09 custom ops and quantisation).
 - ``formats``: ``quantize`` / ``dequantize`` (per tensor or per channel, symmetric or not),
   ``quantize_per_channel_ref`` (graded) with ``check_per_channel``, ``dynamic_activation_scale``,
   ``quantization_error``, and ``trained_layer``, a real layer to measure them on;
-- ``int8_matmul``: ``int8_matmul_ref``, the Triton kernel and its launcher ``int8_matmul``
+- ``w8a8``: ``int8_matmul_ref``, the Triton kernel and its launcher ``int8_matmul``
   (int8 tensor cores on a GPU, exact under the interpreter), ``ptx``, ``W8A8Linear``;
-- ``qat``: ``fake_quant`` with a straight-through estimator (``FakeQuantSTE``, graded), ``ptq``
+- ``training``: ``fake_quant`` with a straight-through estimator (``FakeQuantSTE``, graded), ``ptq``
   and ``qat`` on a small MLP whose 4-bit PTQ loses much of its accuracy and whose QAT gets most
   of it back;
 - ``fusion``: BatchNorm folded into the Linear before it (lab 02's fold, reused), ``bn_mlp``,
@@ -25,9 +25,9 @@ from fastdl_lab.quant.formats import (REGRESSION, check_per_channel, dequantize,
                                       one_thread, qrange, quantization_error, quantize, quantize_activation,
                                       quantize_per_channel_ref, row_range_ratio, train_regression_mlp,
                                       trained_layer)
-from fastdl_lab.quant.int8_matmul import (MAX_K, W8A8Linear, _int8_matmul_kernel, check_int8_matmul, int8_matmul,
+from fastdl_lab.quant.w8a8 import (MAX_K, W8A8Linear, _int8_matmul_kernel, check_int8_matmul, int8_matmul,
                                           int8_matmul_ref, ptx, quantize_linears)
-from fastdl_lab.quant.qat import (SETUP, FakeQuantSTE, QuantLinear, Task, accuracy, experiment, fake_quant,
+from fastdl_lab.quant.training import (SETUP, FakeQuantSTE, QuantLinear, Task, accuracy, experiment, fake_quant,
                                   make_model, make_task, ptq, qat, quantize_model, round_to_grid, train_float)
 from fastdl_lab.quant.fusion import bn_mlp, fold_linear_bn, fold_linear_bn_model, forward_ops
 from fastdl_lab.quant.bench import BENCHMARK, benchmark, check

@@ -29,8 +29,8 @@ from fastdl_lab import checks, device
 from fastdl_lab.quant.formats import (dequantize, quantization_error, quantize, quantize_activation, row_range_ratio,
                                       train_regression_mlp)
 from fastdl_lab.quant.fusion import bn_mlp, fold_linear_bn, fold_linear_bn_model, forward_ops
-from fastdl_lab.quant.int8_matmul import W8A8Linear, check_int8_matmul, int8_matmul, int8_matmul_ref, quantize_linears
-from fastdl_lab.quant.qat import accuracy, experiment, fake_quant, make_task, ptq, train_float
+from fastdl_lab.quant.w8a8 import W8A8Linear, check_int8_matmul, int8_matmul, int8_matmul_ref, quantize_linears
+from fastdl_lab.quant.training import accuracy, experiment, fake_quant, make_task, ptq, train_float
 
 BENCHMARK = {
     "name": "quant",
