@@ -181,6 +181,20 @@ def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, st
         assert results[item].status == "passed", results[item]
 
 
+def test_a_cpp_build_error_is_a_verdict_with_the_compilers_first_error(course, cpu):
+    variant(course, "09_custom_ops", "does-not-build", FIXTURE_DIR / "09_custom_ops-does-not-build.py")
+    lab = load_lab("09_custom_ops")
+    results = {r.item: r for r in grade_submission(
+        lab, course.submitted("does-not-build", lab.name), release=course.release(lab.name), profile=cpu, seed=SEED,
+        student_package=course.student_package, only={"cpp_lltm", "per_channel_int8"})}
+    cpp = results["cpp_lltm"]
+    assert cpp.status == "error" and cpp.score == 0, cpp
+    assert "does not build" in cpp.reason and "error: expected" in cpp.reason, cpp.reason
+    # The build's private folder is not in the reason, only the file name the compiler reports.
+    assert "/job/" not in cpp.reason and "torch_extensions" not in cpp.reason
+    assert results["per_channel_int8"].status == "passed"
+
+
 @pytest.mark.distributed
 def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
     variant(course, "07_distributed", "deadlock", FIXTURE_DIR / "07_distributed-deadlock.py")
