@@ -174,20 +174,28 @@ def fold_conv_bn_ref(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
 def fold_model(model: nn.Module, fold: Callable[[nn.Conv2d, nn.BatchNorm2d], nn.Conv2d] | None = None) -> nn.Module:
     """An eval-mode copy of ``model`` with every Conv2d -> BatchNorm2d pair folded into one conv.
 
-    Only pairs that follow each other inside an ``nn.Sequential`` are folded: there the order of
-    the children is the order they run in. The BatchNorm becomes ``nn.Identity``. ``fold`` is the
-    folding function (default ``fold_conv_bn_ref``).
+    ``fold`` is the folding function (default ``fold_conv_bn_ref``); see ``fold_adjacent``.
     """
-    fold = fold or fold_conv_bn_ref
+    return fold_adjacent(model, nn.Conv2d, nn.BatchNorm2d, fold or fold_conv_bn_ref)
+
+
+def fold_adjacent(model: nn.Module, first_type: type, second_type: type,
+                  fold: Callable[[nn.Module, nn.Module], nn.Module]) -> nn.Module:
+    """An eval-mode copy of ``model`` in which ``fold(a, b)`` replaces every ``a`` of ``first_type``
+    directly followed by a ``b`` of ``second_type``, and ``b`` becomes ``nn.Identity``.
+
+    Only pairs that follow each other inside an ``nn.Sequential`` are folded: there the order of
+    the children is the order they run in.
+    """
     folded = copy.deepcopy(model).eval()
     for module in folded.modules():
         if not isinstance(module, nn.Sequential):
             continue
         names = list(module._modules)
         for first, second in zip(names, names[1:]):
-            conv, bn = module._modules[first], module._modules[second]
-            if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
-                module._modules[first] = fold(conv, bn)
+            a, b = module._modules[first], module._modules[second]
+            if isinstance(a, first_type) and isinstance(b, second_type):
+                module._modules[first] = fold(a, b)
                 module._modules[second] = nn.Identity()
     return folded
 

@@ -23,14 +23,13 @@ written in lab 02) to use these there.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from fastdl_lab import checks
-from fastdl_lab.fusion import fold_conv_bn_ref
+from fastdl_lab.fusion import fold_adjacent, fold_conv_bn_ref
 
 
 def fold_linear_bn(linear: nn.Linear, bn: nn.BatchNorm1d, fold: Callable | None = None) -> nn.Linear:
@@ -65,21 +64,10 @@ def fold_linear_bn(linear: nn.Linear, bn: nn.BatchNorm1d, fold: Callable | None 
 def fold_linear_bn_model(model: nn.Module, fold: Callable | None = None) -> nn.Module:
     """An eval-mode copy of ``model`` with every Linear -> BatchNorm1d pair folded into one Linear.
 
-    As ``fastdl_lab.fusion.fold_model`` for convolutions: only pairs adjacent inside an
-    ``nn.Sequential`` (where the order of children is the order they run in); the BatchNorm
-    becomes ``nn.Identity``.
+    As ``fastdl_lab.fusion.fold_model`` for convolutions (``fusion.fold_adjacent``): only pairs
+    adjacent inside an ``nn.Sequential``; the BatchNorm becomes ``nn.Identity``.
     """
-    folded = copy.deepcopy(model).eval()
-    for module in folded.modules():
-        if not isinstance(module, nn.Sequential):
-            continue
-        names = list(module._modules)
-        for first, second in zip(names, names[1:]):
-            linear, bn = module._modules[first], module._modules[second]
-            if isinstance(linear, nn.Linear) and isinstance(bn, nn.BatchNorm1d):
-                module._modules[first] = fold_linear_bn(linear, bn, fold)
-                module._modules[second] = nn.Identity()
-    return folded
+    return fold_adjacent(model, nn.Linear, nn.BatchNorm1d, lambda linear, bn: fold_linear_bn(linear, bn, fold))
 
 
 def bn_mlp(d_in: int = 256, width: int = 1024, depth: int = 3, d_out: int = 10, seed: int = 0) -> nn.Sequential:
