@@ -67,11 +67,11 @@ def rows_for(course, student, lab):
     return {r["item"]: r for r in pipeline.report_rows(course) if r["student"] == student and r["lab"] == lab}
 
 
-def engine(course, cpu, lab, student, **overrides):
+def engine(course, cpu, lab, student, only=None, **overrides):
     profile = {**cpu, **overrides}
     return {r.item: r for r in grade_submission(
         load_lab(lab), course.submitted(student, lab), release=course.release(lab), profile=profile,
-        seed=SEED, student_package=course.student_package)}
+        seed=SEED, student_package=course.student_package, only=only)}
 
 
 def test_every_lab_has_a_grading_spec_and_matching_cells(course):
@@ -191,7 +191,8 @@ def test_bad_kernel_loses_only_its_items(course, cpu, fixture, status):
 
 def test_looping_kernel_times_out(course, cpu):
     variant(course, "01_gemm", "loop", FIXTURE_DIR / "01_gemm-loop.py")
-    results = engine(course, cpu, "01_gemm", "loop", limits={**cpu["limits"], "wall_s": 8})
+    results = engine(course, cpu, "01_gemm", "loop", only={"matmul_fp32", "grouped_order"},
+                     limits={**cpu["limits"], "wall_s": 8})
     assert results["matmul_fp32"].status == "timeout"
     assert "wall-time limit" in results["matmul_fp32"].reason
     assert results["grouped_order"].status == "passed"
@@ -206,20 +207,32 @@ def test_looping_kernel_times_out(course, cpu):
 def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, status):
     lab = fixture.split("-")[0]
     variant(course, lab, fixture, FIXTURE_DIR / f"{fixture}.py")
-    results = engine(course, cpu, lab, fixture, limits={**cpu["limits"], "wall_s": 20})
+    results = engine(course, cpu, lab, fixture, only={*lost, *kept}, limits={**cpu["limits"], "wall_s": 12})
     for item in lost:
         assert results[item].status == status and results[item].score == 0, results[item]
     for item in kept:
         assert results[item].status == "passed", results[item]
 
 
+def test_lab_07_takes_its_collective_timeout_from_the_profile():
+    from autograder.labs.lab07_distributed import RANK_TIMEOUT_S
+
+    ring = load_lab("07_distributed").item("ring_allreduce")
+    params = {"worlds": [[2, [1, 5]]]}
+    assert ring.make_inputs(0, params)["timeout_s"] == RANK_TIMEOUT_S
+    assert ring.make_inputs(0, {**params, "rank_timeout_s": 5})["timeout_s"] == 5.0
+
+
 @pytest.mark.distributed
 def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
     variant(course, "07_distributed", "deadlock", FIXTURE_DIR / "07_distributed-deadlock.py")
     lab = load_lab("07_distributed")
+    # The deadlock lasts until the collective timeout: a short one, for the ring item only.
+    labs = json.loads(json.dumps(cpu["labs"]))
+    labs["07_distributed"]["ring_allreduce"]["rank_timeout_s"] = 5
     results = {r.item: r for r in grade_submission(
-        lab, course.submitted("deadlock", lab.name), release=course.release(lab.name), profile=cpu, seed=SEED,
-        student_package=course.student_package, only={"ring_allreduce", "zero1"})}
+        lab, course.submitted("deadlock", lab.name), release=course.release(lab.name), profile={**cpu, "labs": labs},
+        seed=SEED, student_package=course.student_package, only={"ring_allreduce", "zero1"})}
     ring = results["ring_allreduce"]
     assert ring.status == "error" and ring.score == 0, ring
     assert "rank" in ring.reason
