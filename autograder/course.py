@@ -8,6 +8,7 @@ students with its solution regions stubbed (``student_package/``).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -155,3 +156,15 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
         built.append(lab)
     strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
     return built
+
+
+def copy_build(course: Course, root: Path) -> Course:
+    """The build of ``course`` (source, release, student package, and the gradebook that knows the
+    assignments) in a new folder, without the submission folders or records: a second grader
+    process can work there at the same time, since each SQLite gradebook must keep to one writer."""
+    copy = Course(root)
+    for part in ("source", "release", "student_package"):
+        shutil.copytree(course.root / part, copy.root / part, symlinks=True)
+    shutil.copyfile(course.root / "gradebook.db", copy.root / "gradebook.db")
+    write_config(copy)
+    return copy

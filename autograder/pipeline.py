@@ -44,6 +44,10 @@ NBGRADER_LIMITS = Limits(wall_s=1800, cpu_s=3600, memory_bytes=12 << 30, limit_a
 def _nbgrader_env(course: Course, profile: dict, isolated: bool) -> dict[str, str]:
     env = dict(os.environ)
     env[kernel_jail.STUDENT_PACKAGE_VAR] = str(course.student_package)
+    # nbgrader's run is the student's own test record, not the grade: the notebook's ungraded
+    # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the
+    # instructor's environment keeps them full size.
+    env.setdefault(kernel_jail.QUICK_VAR, "1")
     env[kernel_jail.GPU_VAR] = "1" if profile.get("gpu") else "0"
     if not isolated:
         env[kernel_jail.UNSAFE_VAR] = "1"

@@ -4,6 +4,20 @@ Importing this module switches Triton to its interpreter when no GPU is present,
 ``from fastdl_lab import device`` before the first ``@triton.jit`` is all a lab needs to run its
 kernels on the CPU. This is also the only module that synchronises the device; every other module
 calls :func:`synchronize` so that no ``torch.cuda`` call is ever reached on a CPU-only build.
+
+Quick mode (``FASTDL_QUICK=1``, read through :func:`quick`) is the one switch for the size of the
+labs' *ungraded* experiments: sweeps, plots, benchmarks and demonstrations in a notebook. The
+grader turns it on for nbgrader's execution of every submission and the tests turn it on for the
+notebooks they run, because there those cells only have to run, not to teach: their figures go
+nowhere. Rules for a lab:
+
+- ask once, in the setup cell beside ``GPU``: ``QUICK = device.quick()``; then an experiment cell
+  picks its sizes, ``sizes = [64, 256] if QUICK else [64, 256, 1024, 4096]``, keeping at least two
+  points of a curve and every key or label that later cells read;
+- never in a graded cell, a hidden test, or code the grader or the package runs: what a test cell
+  checks, and every input the engine draws, is the same in both modes;
+- package functions take sizes as arguments and never read the switch, so a lab's quick sizes are
+  visible in the lab itself.
 """
 
 from __future__ import annotations
@@ -64,6 +78,14 @@ def check_kernel_tensor(t: torch.Tensor, name: str = "tensors") -> None:
             raise ValueError("the Triton interpreter is on, so the kernels run on the CPU: pass CPU tensors")
     elif not t.is_cuda:
         raise ValueError(f"{name} on {t.device}, but Triton compiles for the GPU: move them to 'cuda'")
+
+
+QUICK_VAR = "FASTDL_QUICK"
+
+
+def quick() -> bool:
+    """True when ``FASTDL_QUICK`` asks the labs to run their ungraded experiments at tiny sizes."""
+    return os.environ.get(QUICK_VAR, "").strip().lower() in _TRUTHY
 
 
 def synchronize() -> None:

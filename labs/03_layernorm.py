@@ -49,6 +49,8 @@ from fastdl_lab import checks, layernorm, timing, triton_aot
 
 GPU = device.has_gpu()
 DEV = "cuda" if GPU else "cpu"
+# FASTDL_QUICK=1 (the grader's run of your notebook, and the tests'): experiments at tiny sizes.
+QUICK = device.quick()
 
 # %% [markdown]
 # ## 1. What LayerNorm computes
@@ -92,13 +94,13 @@ print("layer_norm_ref matches F.layer_norm")
 # (read $x$, write $y$). `F.layer_norm` is such a fused kernel. On this machine:
 
 # %%
-rows, cols = (8192, 4096) if GPU else (4096, 1024)
+rows, cols = (256, 512) if QUICK else (8192, 4096) if GPU else (4096, 1024)
 x = checks.randn(rows, cols, seed=1, device=DEV)
 w = checks.randn(cols, seed=2, device=DEV, scale=0.1, offset=1.0)
 b = checks.randn(cols, seed=3, device=DEV, scale=0.1)
 moved = layernorm.layer_norm_bytes(rows, cols, 4)
 fused_vs_unfused = timing.compare(lambda: F.layer_norm(x, (cols,), w, b),
-                                  lambda: layernorm.layer_norm_ref(x, w, b), reps=10)
+                                  lambda: layernorm.layer_norm_ref(x, w, b), reps=3 if QUICK else 10)
 for label, t in (("unfused (14 passes)", fused_vs_unfused.baseline),
                  ("F.layer_norm (fused)", fused_vs_unfused.candidate)):
     print(f"{label:>22}: {t}, {moved / t.median / 1e9:7.1f} GB/s of useful traffic")

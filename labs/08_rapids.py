@@ -53,6 +53,8 @@ from fastdl_lab.tabular import day_of_week  # noqa: F401  (one of the grader's n
 
 be = tabular.backend("auto")
 print(f"backend: {be.name} ({be.reason})")
+# FASTDL_QUICK=1 (the grader's run of your notebook, and the tests'): experiments at tiny sizes.
+QUICK = device.quick()
 
 # %% [markdown]
 # ## 1. The data: a month of taxi trips, with the usual faults
@@ -64,7 +66,7 @@ print(f"backend: {be.name} ({be.reason})")
 # not know. On a GPU host the lab uses millions of rows; here, tens of thousands.
 
 # %%
-ROWS = 2_000_000 if be.gpu else 40_000
+ROWS = 8_000 if QUICK else 2_000_000 if be.gpu else 40_000
 trips, zones = tabular.make_trips(ROWS, seed=0)
 print(trips.dtypes, "\n")
 print(trips.head())
@@ -126,7 +128,7 @@ np.testing.assert_allclose(np.asarray(fare_per_km(_trips), dtype=float), tabular
 # How the two scale with the number of rows (the loop on the smaller sizes only):
 
 # %%
-sizes = [1_000, 4_000, 16_000]
+sizes = [500, 2_000] if QUICK else [1_000, 4_000, 16_000]
 loop_s = [timing.bench(lambda n=n: tabular.fare_per_km_loop(trips.iloc[:n]), warmup=0, reps=2).median for n in sizes]
 vec_s = [timing.bench(lambda n=n: fare_per_km(trips.iloc[:n]), warmup=1, reps=5).median for n in sizes]
 plt.loglog(sizes, loop_s, "o-", label="row loop (iterrows)")
@@ -360,11 +362,12 @@ import tempfile
 from pathlib import Path
 
 folder = Path(tempfile.mkdtemp(prefix="fastdl-trips-"))
-many, _ = tabular.make_trips(30_000, seed=10)
+many, _ = tabular.make_trips(3_000 if QUICK else 30_000, seed=10)
 paths, _ = tabular.write_dataset(many, zones, folder, fmt="parquet", n_files=3)
+workers = 1 if QUICK else 2
 started = time.perf_counter()
-distributed = tabular.etl_dask([str(p) for p in paths], zones, n_workers=2, prepare=prepare)
-print(f"Dask, 2 worker processes, {len(paths)} partitions: {time.perf_counter() - started:.1f} s "
+distributed = tabular.etl_dask([str(p) for p in paths], zones, n_workers=workers, prepare=prepare)
+print(f"Dask, {workers} worker process(es), {len(paths)} partitions: {time.perf_counter() - started:.1f} s "
       "(most of it starting the cluster: on one small machine a single pandas process wins)")
 tabular.compare_tables(distributed, etl(many, zones), ["borough", "hour"])
 print("the distributed table equals yours")

@@ -1,8 +1,13 @@
 import os
 from pathlib import Path
 
+_ROOT = Path(__file__).resolve().parent.parent
+# The processes the tests start (nbgrader, its kernel manager, notebook kernels) import this
+# checkout's packages, not those of whichever clone the virtual environment was installed from.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+
 # Keep every cache inside the project even when pytest is run directly rather than through make.
-_CACHE = Path(__file__).resolve().parent.parent / "build" / "cache"
+_CACHE = _ROOT / "build" / "cache"
 for _var, _sub in {
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",

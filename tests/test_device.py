@@ -27,6 +27,16 @@ def test_an_explicit_choice_of_interpreter_is_kept(cpu_only, monkeypatch):
     assert os.environ["TRITON_INTERPRET"] == "0"
 
 
+@pytest.mark.parametrize("value, quick", [("1", True), ("yes", True), (" On ", True), ("0", False), ("", False),
+                                          (None, False)])
+def test_quick_mode_is_read_from_the_environment(monkeypatch, value, quick):
+    if value is None:
+        monkeypatch.delenv(device.QUICK_VAR, raising=False)
+    else:
+        monkeypatch.setenv(device.QUICK_VAR, value)
+    assert device.quick() is quick
+
+
 def test_cpu_facts(cpu_only):
     info = device.info()
     assert info.kind == "cpu"

@@ -2,19 +2,23 @@
 
 One course is built per test session; each test adds its own students. Bad inputs are graded
 by the engine directly (fast) and, for the ones that break nbgrader itself, through the pipeline.
+The demo students are graded in copies of the built course, one per worker, labs side by side.
 """
 
 import csv
 import json
 import os
+import queue
 import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
 from autograder import pipeline, strip
-from autograder.course import lab_sources
+from autograder.course import Course, copy_build, lab_sources
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
 from autograder.engine.sandbox import descendants
@@ -22,27 +26,54 @@ from autograder.submissions import FIXTURE_DIR, demo_students, make_submission, 
 
 pytestmark = pytest.mark.slow
 SEED = 1234
+# Grading one submission keeps about one core busy (nbgrader's kernel, then the engine's children).
+DEMO_WORKERS = 2
+
+
+@dataclass
+class Demo:
+    course: Course  # the copy of the course this lab was graded in
+    summary: pipeline.LabSummary
 
 
 @pytest.fixture(scope="session")
-def demo(course, cpu):
-    """The demo students of every lab, through nbgrader and the engine."""
-    summaries = {}
-    for lab in all_labs().values():
-        students = demo_students(course, lab.name)
-        summaries[lab.name] = pipeline.autograde(course, lab, profile=cpu, seed=SEED, students=students)
-    return summaries
+def demo(course, cpu, tmp_path_factory):
+    """The demo students of every lab, through nbgrader and the engine: {lab: Demo}.
+
+    Each worker grades whole labs in a copy of the built course, so that each gradebook has one
+    writer (nbgrader's autograde writes it too); the labs are taken from a queue as workers free up.
+    """
+    todo = queue.SimpleQueue()
+    # Labs that compile the student's source take longest: they go first, so the other worker
+    # is not left with them at the end.
+    for lab in sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items)):
+        todo.put(lab)
+    graded = {}
+
+    def work(copy: Course) -> None:
+        while True:
+            try:
+                lab = todo.get_nowait()
+            except queue.Empty:
+                return
+            students = demo_students(copy, lab.name)
+            graded[lab.name] = Demo(copy, pipeline.autograde(copy, lab, profile=cpu, seed=SEED, students=students))
+
+    copies = [copy_build(course, tmp_path_factory.mktemp("demo")) for _ in range(DEMO_WORKERS)]
+    with ThreadPoolExecutor(DEMO_WORKERS) as pool:
+        list(pool.map(work, copies))  # re-raises what a worker raised
+    return graded
 
 
 def rows_for(course, student, lab):
     return {r["item"]: r for r in pipeline.report_rows(course) if r["student"] == student and r["lab"] == lab}
 
 
-def engine(course, cpu, lab, student, **overrides):
+def engine(course, cpu, lab, student, only=None, **overrides):
     profile = {**cpu, **overrides}
     return {r.item: r for r in grade_submission(
         load_lab(lab), course.submitted(student, lab), release=course.release(lab), profile=profile,
-        seed=SEED, student_package=course.student_package)}
+        seed=SEED, student_package=course.student_package, only=only)}
 
 
 def test_every_lab_has_a_grading_spec_and_matching_cells(course):
@@ -76,9 +107,10 @@ def test_release_leaks_no_solution_and_no_hidden_test(course):
     assert "tl.dot(a, b, acc)" not in package_text  # the reference GEMM's inner loop
 
 
-def test_reference_scores_full_marks_through_nbgrader(course, demo):
+def test_reference_scores_full_marks_through_nbgrader(demo):
     for lab in all_labs().values():
-        assert not [f for f in demo[lab.name].failures if f.startswith("reference")]
+        course = demo[lab.name].course
+        assert not [f for f in demo[lab.name].summary.failures if f.startswith("reference")]
         rows = rows_for(course, "reference", lab.name)
         for item in lab.items:
             row = rows[item.name]
@@ -92,16 +124,17 @@ def test_reference_scores_full_marks_through_nbgrader(course, demo):
             assert gb.find_submission(lab.name, "reference").score == pytest.approx(counted)
 
 
-def test_untouched_release_scores_zero_without_crashing(course, demo):
+def test_untouched_release_scores_zero_without_crashing(demo):
     for lab in all_labs().values():
-        rows = rows_for(course, "untouched", lab.name)
+        rows = rows_for(demo[lab.name].course, "untouched", lab.name)
         assert all(r["score"] == 0 for r in rows.values())
         assert {r["status"] for r in rows.values()} <= {"unanswered", "needs_gpu"}
-        assert not [f for f in demo[lab.name].failures if f.startswith("untouched")]
+        assert not [f for f in demo[lab.name].summary.failures if f.startswith("untouched")]
 
 
-def test_buggy_demos_lose_points_with_reasons(course, demo):
+def test_buggy_demos_lose_points_with_reasons(demo):
     for lab in all_labs().values():
+        course = demo[lab.name].course
         buggy = [s for s in course.students(lab.name) if s.startswith("buggy-")]
         assert buggy, f"{lab.name} has no buggy demo submission"
         for student in buggy:
@@ -112,8 +145,9 @@ def test_buggy_demos_lose_points_with_reasons(course, demo):
             assert all(r["reason"] for r in lost)
 
 
-def test_feedback_shows_verdicts_and_no_hidden_tests(course, demo):
+def test_feedback_shows_verdicts_and_no_hidden_tests(demo):
     lab = load_lab("01_gemm")
+    course = demo[lab.name].course
     assert pipeline.feedback(course, lab, ["reference", "buggy-k-remainder"]) == []
     source = nbformat.read(course.source(lab.name), as_version=4)
     hidden = set()
@@ -128,8 +162,8 @@ def test_feedback_shows_verdicts_and_no_hidden_tests(course, demo):
     assert "hidden cases correct" in (course.feedback_dir("buggy-k-remainder", lab.name) / f"{lab.name}.html").read_text()
 
 
-def test_report_csv_and_records(course, demo, tmp_path):
-    csv_path, record_path = pipeline.write_report(course, tmp_path / "report.csv")
+def test_report_csv_and_records(demo, tmp_path):
+    csv_path, record_path = pipeline.write_report(demo["01_gemm"].course, tmp_path / "report.csv")
     with csv_path.open() as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == pipeline.REPORT_COLUMNS
@@ -159,7 +193,8 @@ def test_bad_kernel_loses_only_its_items(course, cpu, fixture, status):
 
 def test_looping_kernel_times_out(course, cpu):
     variant(course, "01_gemm", "loop", FIXTURE_DIR / "01_gemm-loop.py")
-    results = engine(course, cpu, "01_gemm", "loop", limits={**cpu["limits"], "wall_s": 8})
+    results = engine(course, cpu, "01_gemm", "loop", only={"matmul_fp32", "grouped_order"},
+                     limits={**cpu["limits"], "wall_s": 8})
     assert results["matmul_fp32"].status == "timeout"
     assert "wall-time limit" in results["matmul_fp32"].reason
     assert results["grouped_order"].status == "passed"
@@ -174,7 +209,7 @@ def test_looping_kernel_times_out(course, cpu):
 def test_later_labs_contain_bad_kernels_too(course, cpu, fixture, lost, kept, status):
     lab = fixture.split("-")[0]
     variant(course, lab, fixture, FIXTURE_DIR / f"{fixture}.py")
-    results = engine(course, cpu, lab, fixture, limits={**cpu["limits"], "wall_s": 20})
+    results = engine(course, cpu, lab, fixture, only={*lost, *kept}, limits={**cpu["limits"], "wall_s": 12})
     for item in lost:
         assert results[item].status == status and results[item].score == 0, results[item]
     for item in kept:
@@ -195,13 +230,25 @@ def test_a_cpp_build_error_is_a_verdict_with_the_compilers_first_error(course, c
     assert results["per_channel_int8"].status == "passed"
 
 
+def test_lab_07_takes_its_collective_timeout_from_the_profile():
+    from autograder.labs.lab07_distributed import RANK_TIMEOUT_S
+
+    ring = load_lab("07_distributed").item("ring_allreduce")
+    params = {"worlds": [[2, [1, 5]]]}
+    assert ring.make_inputs(0, params)["timeout_s"] == RANK_TIMEOUT_S
+    assert ring.make_inputs(0, {**params, "rank_timeout_s": 5})["timeout_s"] == 5.0
+
+
 @pytest.mark.distributed
 def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
     variant(course, "07_distributed", "deadlock", FIXTURE_DIR / "07_distributed-deadlock.py")
     lab = load_lab("07_distributed")
+    # The deadlock lasts until the collective timeout: a short one, for the ring item only.
+    labs = json.loads(json.dumps(cpu["labs"]))
+    labs["07_distributed"]["ring_allreduce"]["rank_timeout_s"] = 5
     results = {r.item: r for r in grade_submission(
-        lab, course.submitted("deadlock", lab.name), release=course.release(lab.name), profile=cpu, seed=SEED,
-        student_package=course.student_package, only={"ring_allreduce", "zero1"})}
+        lab, course.submitted("deadlock", lab.name), release=course.release(lab.name), profile={**cpu, "labs": labs},
+        seed=SEED, student_package=course.student_package, only={"ring_allreduce", "zero1"})}
     ring = results["ring_allreduce"]
     assert ring.status == "error" and ring.score == 0, ring
     assert "rank" in ring.reason
@@ -263,20 +310,21 @@ def test_crash_and_invalid_json_through_the_whole_pipeline(course, cpu):
     assert pipeline.feedback(course, lab, ["aborts"]) == []
 
 
-def test_regrade_with_the_same_seed_gives_the_same_score(course, cpu, demo):
+def test_regrade_with_the_same_seed_gives_the_same_score(cpu, demo):
+    course = demo["01_gemm"].course
     first = engine(course, cpu, "01_gemm", "buggy-k-remainder")
     again = engine(course, cpu, "01_gemm", "buggy-k-remainder")
     assert {k: (r.score, r.reason) for k, r in first.items()} == {k: (r.score, r.reason) for k, r in again.items()}
 
 
-def test_speed_item_is_timed_where_no_student_python_runs(course, cpu, demo):
+def test_speed_item_is_timed_where_no_student_python_runs(cpu, demo):
     """The GPU speed protocol, exercised on the CPU: the kernel child times candidate and baseline
     A/B interleaved, with only the extracted kernel of the student's."""
     params = {"size": 64, "min_speedup": 0.0, "warmup": 1, "reps": 3}
     labs = json.loads(json.dumps(cpu["labs"]))
     labs["01_gemm"]["matmul_speed"] = params
     profile = {**cpu, "speed_on_cpu": True, "labs": labs}
-    result = engine(course, profile, "01_gemm", "reference")["matmul_speed"]
+    result = engine(demo["01_gemm"].course, profile, "01_gemm", "reference")["matmul_speed"]
     assert result.status == "passed", result
     assert len(result.details["candidate_s"]) == 3 and len(result.details["baseline_s"]) == 3
     assert result.details["speedup"] > 0

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from autograder.engine import bwrap
+from autograder import pipeline
+from autograder.course import Course
+from autograder.engine import bwrap, kernel_jail
 from autograder.engine.sandbox import Limits, run_sandboxed
+from fastdl_lab import device
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = Limits(wall_s=30, cpu_s=30, memory_bytes=2 << 30, max_processes=8, output_bytes=64_000)
@@ -112,3 +115,17 @@ def test_a_full_package_installed_in_site_packages_is_hidden(tmp_path, monkeypat
     result, _ = run(tmp_path, f"import os; print('listing', os.listdir({str(fake)!r}))",
                     read_only={str(tmp_path / 'site'): str(tmp_path / 'site')})
     assert "listing []" in result.output_tail, result.output_tail
+
+
+def test_quick_mode_reaches_nbgrader_and_its_kernel_and_nothing_else_does(tmp_path, monkeypatch):
+    assert kernel_jail.QUICK_VAR == device.QUICK_VAR
+    course, profile = Course(tmp_path), {"gpu": False}
+    monkeypatch.delenv(device.QUICK_VAR, raising=False)
+    assert pipeline._nbgrader_env(course, profile, isolated=True)[device.QUICK_VAR] == "1"
+    monkeypatch.setenv(device.QUICK_VAR, "0")  # an instructor who wants the experiments full size
+    assert pipeline._nbgrader_env(course, profile, isolated=True)[device.QUICK_VAR] == "0"
+    # The kernel launcher runs in nbgrader's environment and passes on only what the kernel needs.
+    monkeypatch.setenv("FASTDL_GRADER_SECRET", "not for the kernel")
+    kernel = kernel_jail._kernel_env(gpu=False)
+    assert kernel[device.QUICK_VAR] == "0"
+    assert "FASTDL_GRADER_SECRET" not in kernel

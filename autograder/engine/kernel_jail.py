@@ -28,6 +28,9 @@ from autograder.engine import bwrap
 STUDENT_PACKAGE_VAR = "FASTDL_STUDENT_PACKAGE"
 GPU_VAR = "FASTDL_GPU"
 UNSAFE_VAR = "FASTDL_UNSAFE_NO_ISOLATION"
+# fastdl_lab.device.QUICK_VAR, named again here because importing the package would import torch
+# into this launcher: the labs' ungraded experiments at tiny sizes, passed on to the kernel.
+QUICK_VAR = "FASTDL_QUICK"
 
 
 class JailedKernelManager(AsyncKernelManager):
@@ -41,9 +44,11 @@ class JailedKernelManager(AsyncKernelManager):
 
 def _kernel_env(gpu: bool) -> dict[str, str]:
     job = bwrap.JOB
+    passed_on = {QUICK_VAR: os.environ[QUICK_VAR]} if QUICK_VAR in os.environ else {}
     return bwrap.environment(gpu=gpu, PYTHONPATH=bwrap.STUDENT_DIR, MPLBACKEND=os.environ.get("MPLBACKEND", "Agg"),
                              IPYTHONDIR=f"{job}/.ipython", JUPYTER_RUNTIME_DIR=f"{job}/.jupyter",
-                             MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+                             MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
+                             **passed_on)
 
 
 def _forward(proc: subprocess.Popen):

@@ -49,7 +49,7 @@ def _label(case: dict) -> str:
 def ddp_drive(ns: dict, inputs: dict) -> list:
     sync = ns["allreduce_gradients"]
     return [run_world(ddp.train_ddp, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], sync=sync,
-                      timeout_s=RANK_TIMEOUT_S) for c in inputs["cases"]]
+                      timeout_s=inputs["timeout_s"]) for c in inputs["cases"]]
 
 
 def _parity(inputs: dict, states_per_case) -> Verdict:
@@ -77,9 +77,9 @@ def bucketed_drive(ns: dict, inputs: dict) -> dict:
     states, stats = [], []
     for c in inputs["cases"]:
         states.append(run_world(ddp.train_ddp, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], sync=cls,
-                                bucket_bytes=c["extra"], timeout_s=RANK_TIMEOUT_S))
+                                bucket_bytes=c["extra"], timeout_s=inputs["timeout_s"]))
         stats.append(run_world(ddp.bucket_stats, c["world"], _model_fn(c), _data(c), c["extra"], sync=cls,
-                               steps=2, timeout_s=RANK_TIMEOUT_S)[0])
+                               steps=2, timeout_s=inputs["timeout_s"])[0])
     return {"states": states, "stats": stats}
 
 
@@ -115,7 +115,7 @@ def _ring_trials(rank: int, world_size: int, sizes, seed: int, allreduce) -> lis
 
 def ring_drive(ns: dict, inputs: dict) -> list:
     fn = ns["ring_allreduce"]
-    return [run_world(_ring_trials, world, sizes, inputs["seed"], fn, timeout_s=RANK_TIMEOUT_S)
+    return [run_world(_ring_trials, world, sizes, inputs["seed"], fn, timeout_s=inputs["timeout_s"])
             for world, sizes in inputs["worlds"]]
 
 
@@ -150,7 +150,8 @@ def ps_drive(ns: dict, inputs: dict) -> dict:
     rule = ns["bounded_staleness_rule"]
     answers = [bool(rule(*probe)) for probe in inputs["probes"]]
     servers = [run_world(ps.run_ps, r["world"], "bounded", r["tau"], r["steps"], r["lr"], r["seed"],
-                         worker_delays=r["delays"], rule=rule, timeout_s=RANK_TIMEOUT_S)[0] for r in inputs["runs"]]
+                         worker_delays=r["delays"], rule=rule, timeout_s=inputs["timeout_s"])[0]
+               for r in inputs["runs"]]
     return {"answers": answers, "servers": servers}
 
 
@@ -176,7 +177,7 @@ def ps_check(inputs: dict, outputs, params: dict) -> Verdict:
 def zero_drive(ns: dict, inputs: dict) -> list:
     cls = ns["Zero1Adam"]
     return [run_world(zero.train_zero, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], optimizer_cls=cls,
-                      eps=0.1, timeout_s=RANK_TIMEOUT_S) for c in inputs["cases"]]
+                      eps=0.1, timeout_s=inputs["timeout_s"]) for c in inputs["cases"]]
 
 
 def zero_check(inputs: dict, outputs, params: dict) -> Verdict:
@@ -196,8 +197,16 @@ INSTRUMENTS = tuple(f"fastdl_lab.distributed.{name}" for name in (
     "ps.run_ps", "ring.ring_trial", "ring.point_to_point_only", "ring.trial_input")) + ("torch.save",)
 
 
+def _with_timeout(make_inputs):
+    """Every item's inputs carry the collective timeout: the profile's ``rank_timeout_s`` for the
+    item, or RANK_TIMEOUT_S (what grading a world that deadlocks costs)."""
+    def make(seed: int, params: dict) -> dict:
+        return {**make_inputs(seed, params), "timeout_s": float(params.get("rank_timeout_s", RANK_TIMEOUT_S))}
+    return make
+
+
 def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description=""):
-    return Item(name, points, (cell,), make_inputs, drive, check, kind=kind, description=description,
+    return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind=kind, description=description,
                 loopback=True, processes=8, instruments=INSTRUMENTS)
 
 
