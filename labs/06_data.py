@@ -62,6 +62,7 @@ from fastdl_lab.data.loop import shuffle_sampler
 from fastdl_lab.data.text import PAD, Packed, pad_collate  # noqa: F401  (the grader's names, for your cells)
 
 DEVICE = "cuda" if device.has_gpu() else "cpu"
+QUICK = device.quick()  # the grader's run of the notebook: ungraded experiments at tiny sizes
 
 # %% [markdown]
 # ## 1. A training step, profiled
@@ -274,8 +275,9 @@ with SyncCounter() as fast_counts:
 for name, counts in (("train_slow", slow_counts), ("train_fast", fast_counts)):
     print(f"{name}: {counts.syncs / STEPS:.1f} syncs, {counts.ops / STEPS:.0f} ops, "
           f"{counts.uploads / STEPS:.1f} uploads per step")
-print("loop fixes, one process:", timing.compare(lambda: fast_run(workers=False), slow_run, warmup=1, reps=3))
-print("loop fixes + your loader:", timing.compare(fast_run, slow_run, warmup=1, reps=3))
+reps = 2 if QUICK else 3
+print("loop fixes, one process:", timing.compare(lambda: fast_run(workers=False), slow_run, warmup=1, reps=reps))
+print("loop fixes + your loader:", timing.compare(fast_run, slow_run, warmup=1, reps=reps))
 
 # %% nbgrader={"grade_id": "loop_speed", "grade": true, "points": 2}
 if device.has_gpu():
@@ -292,7 +294,7 @@ else:
 # `loaders.JpegDataset` decodes and augments one per `__getitem__`, as a real dataset does.
 
 # %%
-jpegs = images.jpeg_corpus(256, size=256, seed=0)
+jpegs = images.jpeg_corpus(64 if QUICK else 256, size=256, seed=0)
 photos = loaders.JpegDataset(jpegs, size=128, seed=0)
 per_item = timing.bench(lambda: photos[0], warmup=2, reps=20).median
 print(f"{len(jpegs)} JPEGs, {sum(map(len, jpegs)) / len(jpegs) / 1024:.0f} KiB each on average; "
@@ -307,10 +309,10 @@ print(f"{len(jpegs)} JPEGs, {sum(map(len, jpegs)) / len(jpegs) / 1024:.0f} KiB e
 # (`.to("cuda", non_blocking=True)`) while it computes. Measure:
 
 # %%
-configs = [dict(num_workers=w, persistent_workers=w > 0) for w in (0, 1, 2, 4)]
+configs = [dict(num_workers=w, persistent_workers=w > 0) for w in ((0, 2) if QUICK else (0, 1, 2, 4))]
 if device.has_gpu():
     configs += [dict(num_workers=w, persistent_workers=True, pin_memory=True) for w in (2, 4)]
-rows = loaders.sweep(photos, configs, batch_size=32, batches=8, epochs=2)
+rows = loaders.sweep(photos, configs, batch_size=32, batches=2 if QUICK else 8, epochs=2)
 for row in rows:
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
 loaders.plot_sweep(rows)
@@ -329,7 +331,7 @@ plt.show()
 # %%
 decoded = loaders.PreprocessedDataset(jpegs, size=128, seed=0)
 print(timing.compare(lambda: [decoded[i] for i in range(32)], lambda: [photos[i] for i in range(32)],
-                     warmup=1, reps=5))
+                     warmup=1, reps=2 if QUICK else 5))
 print(f"decoded once in {decoded.decode_s:.2f} s, holding {decoded.images.nbytes / 2**20:.0f} MiB "
       f"against {sum(map(len, jpegs)) / 2**20:.1f} MiB of JPEG")
 
@@ -345,7 +347,7 @@ sample = jpegs[0]
 decodes = {"PIL, full size": lambda: images.decode_pil(sample),
            "PIL draft, >= 128 px": lambda: images.decode_pil_draft(sample, 128)}
 print({name: tuple(fn().shape) for name, fn in decodes.items()})
-print(timing.table({name: timing.bench(fn, warmup=2, reps=20) for name, fn in decodes.items()}))
+print(timing.table({name: timing.bench(fn, warmup=2, reps=3 if QUICK else 20) for name, fn in decodes.items()}))
 try:
     print("nvJPEG:", timing.bench(lambda: images.decode_torchvision(sample, device="cuda"), warmup=2, reps=20))
 except RuntimeError as exc:
@@ -362,7 +364,7 @@ batch = torch.stack([images.decode_pil_draft(j, 160)[:, :160, :160] for j in jpe
 per_image = lambda: [images.augment_host(img, size=128, generator=torch.Generator().manual_seed(i))
                      for i, img in enumerate(batch)]
 batched = lambda: images.augment_batch(batch, size=128, generator=torch.Generator().manual_seed(0))
-print(timing.compare(batched, per_image, warmup=1, reps=5))
+print(timing.compare(batched, per_image, warmup=1, reps=2 if QUICK else 5))
 with SyncCounter() as per_image_ops:
     per_image()
 with SyncCounter() as batched_ops:
