@@ -412,8 +412,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastdl_lab import amp
-
 
 def _amp_run(step_fn, clip, overflow_at=(), steps=6):
     torch.manual_seed(0)
@@ -430,14 +428,24 @@ def _amp_run(step_fn, clip, overflow_at=(), steps=6):
     return losses, [p.detach().clone() for p in net.parameters()], gs.get_scale()
 
 
+# What the course's reference step leaves after these six steps (its own code is not in your copy of
+# the package): the final scale, and each parameter tensor's sum and norm.
+_EXPECTED = {
+    (0.2, ()): (32768.0, [(-1.7786, 2.3218), (0.688, 0.7488), (-1.8201, 1.1706), (0.0851, 0.0982)]),
+    (0.05, (1, 2)): (2048.0, [(-1.8098, 2.3259), (0.7027, 0.7498), (-1.8673, 1.1834), (0.0686, 0.103)]),
+}
+
+
 def _check_amp(clip, overflow_at=()):
-    mine = _amp_run(lambda *a: train_step(*a, dtype=torch.bfloat16), clip, overflow_at)
-    ref = _amp_run(lambda m, o, s, x, y, f, c: amp.train_step_amp(m, o, s, x, y, f, dtype=torch.bfloat16, max_norm=c),
-                   clip, overflow_at)
-    assert all(isinstance(v, float) for v in mine[0]), "train_step must return the loss as a float"
-    assert mine[2] == ref[2], f"final scale {mine[2]}, expected {ref[2]}"
-    for a, b in zip(mine[1], ref[1]):
-        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-2, msg="parameters differ: is clipping after unscale_?")
+    losses, params, scale = _amp_run(lambda *a: train_step(*a, dtype=torch.bfloat16), clip, overflow_at)
+    want_scale, want_params = _EXPECTED[(clip, tuple(overflow_at))]
+    assert all(isinstance(v, float) for v in losses), "train_step must return the loss as a float"
+    assert scale == want_scale, f"final scale {scale}, expected {want_scale}"
+    for i, (p, (total, norm)) in enumerate(zip(params, want_params)):
+        got = (float(p.sum()), float(p.norm()))
+        assert abs(got[0] - total) < 2e-3 + 1e-2 * abs(total) and abs(got[1] - norm) < 2e-3 + 1e-2 * norm, (
+            f"parameter {i}: sum {got[0]:.4f} and norm {got[1]:.4f}, expected {total:.4f} and {norm:.4f}: "
+            "is clipping after unscale_?")
 
 
 _check_amp(clip=0.2)
