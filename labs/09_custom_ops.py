@@ -44,9 +44,9 @@ from fastdl_lab import device
 print(device.describe())
 
 # %%
-import math
+import inspect
+import math  # noqa: F401  (one of the grader's names, for your cells)
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,7 +81,7 @@ QUICK = device.quick()  # the grader's run of the notebook: ungraded experiments
 # ```
 
 # %%
-print(inspect_source := __import__("inspect").getsource(lltm.lltm_backward))
+print(inspect.getsource(lltm.lltm_backward))
 
 # %% [markdown]
 # The chain rule by hand: $\partial h/\partial C = o\,(1 - \tanh^2 C)$ joins the gradient that
