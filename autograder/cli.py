@@ -76,8 +76,17 @@ def cmd_feedback(args) -> int:
 
 
 def cmd_report(args) -> int:
-    csv_path, record_path = pipeline.write_report(_course(args), Path(args.csv))
-    print(f"wrote {csv_path} and {record_path}")
+    if not (args.csv or args.html):
+        args.report_parser.error("say what to write: --csv FILE, --html FILE, or both")
+    course = _course(args)
+    if args.csv:
+        csv_path, record_path = pipeline.write_report(course, Path(args.csv))
+        print(f"wrote {csv_path} and {record_path}")
+    if args.html:
+        # Imported here: matplotlib is needed by this command only.
+        from autograder import dashboard, records
+
+        print(f"wrote {dashboard.write_html(records.read_all(course.records), Path(args.html))}")
     return 0
 
 
@@ -134,9 +143,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--student", action="append")
     s.set_defaults(func=cmd_feedback)
 
-    s = sub.add_parser("report", help="CSV: student, lab, item, score, max_score, status, reason")
-    s.add_argument("--csv", required=True)
-    s.set_defaults(func=cmd_report)
+    s = sub.add_parser("report", help="export grades (CSV) and/or an instructor's dashboard (HTML)")
+    s.add_argument("--csv", metavar="FILE", help="one row per student, lab and item: student, lab, item, "
+                                                 "score, max_score, status, reason (records beside it)")
+    s.add_argument("--html", metavar="FILE", help="one offline page: score distributions, totals, common "
+                                                  "failure reasons, speed-ups per hardware profile, grading time")
+    s.set_defaults(func=cmd_report, report_parser=s)
 
     s = sub.add_parser("demo", parents=[grading], help="build, grade the bundled demo submissions, report")
     s.add_argument("labs", nargs="*")
