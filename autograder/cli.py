@@ -7,13 +7,20 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import pipeline, profiles
+from autograder import gradebook, pipeline, profiles
 from autograder.course import ROOT, Course, build
 from autograder.engine.items import all_labs, load_lab
 
 
 def _course(args) -> Course:
-    return Course(Path(args.course)) if args.course else Course.default()
+    return Course(Path(args.course), args.db_url) if args.course else Course.default(args.db_url)
+
+
+def _checked(course: Course) -> Course:
+    """``course``, once its gradebook answers: a database that is down stops the command before
+    anything is built or graded, not with one failure per student."""
+    course.check_gradebook()
+    return course
 
 
 def _seed(args) -> int:
@@ -49,13 +56,14 @@ def _print_failures(failures: list[str]) -> None:
 
 
 def cmd_build(args) -> int:
-    built = build(_course(args), args.labs or None)
-    print(f"built {', '.join(built)} in {_course(args).root}")
+    course = _checked(_course(args))
+    built = build(course, args.labs or None)
+    print(f"built {', '.join(built)} in {course.root} (gradebook: {gradebook.masked(course.db_url)})")
     return 0
 
 
 def cmd_autograde(args) -> int:
-    course = _course(args)
+    course = _checked(_course(args))
     lab = load_lab(args.lab)
     summary = pipeline.autograde(course, lab, profile=profiles.load(args.profile), seed=_seed(args),
                                  students=args.student or None, cell_timeout=args.cell_timeout,
@@ -67,7 +75,7 @@ def cmd_autograde(args) -> int:
 
 
 def cmd_feedback(args) -> int:
-    course = _course(args)
+    course = _checked(_course(args))
     lab = load_lab(args.lab)
     failures = pipeline.feedback(course, lab, args.student or None)
     print(f"feedback for {lab.name} in {course.root / 'feedback'}")
@@ -95,7 +103,7 @@ def cmd_demo(args) -> int:
 
     started = time.monotonic()
     demo = ROOT / "build" / "demo"
-    course = Course(Path(args.course) if args.course else demo / "course")
+    course = _checked(Course(Path(args.course) if args.course else demo / "course", args.db_url))
     labs = [load_lab(name).name for name in args.labs] if args.labs else list(all_labs())
     build(course, labs)
     failures, timings = [], []
@@ -119,6 +127,8 @@ def cmd_demo(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     p.add_argument("--course", help="course folder (default: build/course, or FASTDL_COURSE_DIR)")
+    p.add_argument("--db-url", help="the gradebook's database URL, e.g. postgresql://USER@HOST/DB "
+                                    f"(default: {gradebook.URL_VAR}, else gradebook.db in the course folder)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("build", help="source notebooks, student release and student package")
@@ -162,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except gradebook.GradebookUnavailable as exc:
+        print(f"stopped before any work: {exc}", file=sys.stderr)
+        return 2
     except IsolationUnavailable as exc:
         print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n"
               "Install bubblewrap (apt-get install bubblewrap; `make demo` does it), or pass "

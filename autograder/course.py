@@ -7,16 +7,18 @@ students with its solution regions stubbed (``student_package/``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import jupytext
 import nbformat
+from sqlalchemy.engine import make_url
 
+from autograder import gradebook
 from autograder.strip import strip_package
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,23 +54,46 @@ c.TrustedVerdicts.records_dir = {records!r}
 """
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Course:
     root: Path
+    # The gradebook's SQLAlchemy URL. None: FASTDL_GRADEBOOK_URL where set, else the SQLite file
+    # in the course folder. Fixed when the course is made, so every command of one run agrees.
+    db_url: str | None = None
 
     def __post_init__(self):
         # nbgrader runs with the course folder as its working directory and the paths in its
         # config are read from there, so a relative root would point elsewhere. Links are resolved
         # here, once: past the root, a submission is read only through real folders (notebook.py).
         object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
+        url = self.db_url or os.environ.get(gradebook.URL_VAR) or self.sqlite_url
+        object.__setattr__(self, "db_url", gradebook.with_driver(url))
+
+    def __repr__(self) -> str:
+        # Courses end up in assertion messages and logs; the URL's password must not.
+        return f"Course(root={str(self.root)!r}, db_url={gradebook.masked(self.db_url)!r})"
 
     @classmethod
-    def default(cls) -> "Course":
-        return cls(Path(os.environ.get("FASTDL_COURSE_DIR", ROOT / "build" / "course")))
+    def default(cls, db_url: str | None = None) -> "Course":
+        return cls(Path(os.environ.get("FASTDL_COURSE_DIR", ROOT / "build" / "course")), db_url)
 
     @property
-    def db_url(self) -> str:
+    def sqlite_url(self) -> str:
+        """The gradebook file in the course folder, the default."""
         return f"sqlite:///{self.root / 'gradebook.db'}"
+
+    def sqlite_file(self) -> Path | None:
+        """The gradebook's file if it is SQLite; a relative path is read from the course folder,
+        where nbgrader runs."""
+        url = make_url(self.db_url)
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return None
+        return self.root / url.database
+
+    def check_gradebook(self) -> None:
+        """Raise ``gradebook.GradebookUnavailable`` (a named reason, no password) unless the
+        gradebook's server answers: called before anything is built or graded."""
+        gradebook.check(self.db_url)
 
     def source(self, lab: str) -> Path:
         return self.root / "source" / lab / f"{lab}.ipynb"
@@ -131,7 +156,12 @@ def to_nbgrader_notebook(path: Path) -> nbformat.NotebookNode:
 
 def write_config(course: Course) -> None:
     course.root.mkdir(parents=True, exist_ok=True)
-    (course.root / "nbgrader_config.py").write_text(
+    config = course.root / "nbgrader_config.py"
+    if gradebook.has_password(course.db_url):
+        # nbgrader's own commands need the URL as given; only its owner may read it then.
+        config.touch()
+        config.chmod(0o600)
+    config.write_text(
         CONFIG.format(
             course_id=COURSE_ID, root=str(course.root), db_url=course.db_url,
             timeout=CELL_TIMEOUT_S, records=str(course.records),
@@ -161,10 +191,21 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
 def copy_build(course: Course, root: Path) -> Course:
     """The build of ``course`` (source, release, student package, and the gradebook that knows the
     assignments) in a new folder, without the submission folders or records: a second grader
-    process can work there at the same time, since each SQLite gradebook must keep to one writer."""
+    process can work there at the same time, since each SQLite gradebook must keep to one writer.
+
+    The copy's gradebook is always a SQLite file of its own, whatever the environment says. The
+    copy of a course on PostgreSQL gets the rows of its database in that file rather than the same
+    database: a copy is graded apart (a trial, a worker whose results are read from its copy), and
+    grades written there must not land in the real course's gradebook."""
     copy = Course(root)
+    copy = dataclasses.replace(copy, db_url=copy.sqlite_url)
     for part in ("source", "release", "student_package"):
         shutil.copytree(course.root / part, copy.root / part, symlinks=True)
-    shutil.copyfile(course.root / "gradebook.db", copy.root / "gradebook.db")
+    source_file = course.sqlite_file()
+    if source_file is not None:
+        shutil.copyfile(source_file, copy.root / "gradebook.db")
+    else:
+        (copy.root / "gradebook.db").unlink(missing_ok=True)
+        gradebook.copy(course.db_url, copy.db_url)
     write_config(copy)
     return copy

@@ -1,4 +1,8 @@
-"""Writing the trusted engine's scores into nbgrader's gradebook.
+"""nbgrader's gradebook: which database, whether it answers, copying it, and the engine's scores.
+
+The gradebook is any database SQLAlchemy opens: a SQLite file in the course folder by default, or
+a PostgreSQL database (``FASTDL_GRADEBOOK_URL`` or ``--db-url``) for many writers at once. A URL
+may hold a password, so every URL shown to people goes through ``masked``.
 
 Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above the
 automatic score of the student's own test run, so formgrader, feedback and grade exports all show
@@ -9,11 +13,114 @@ from __future__ import annotations
 
 import html
 import re
+from urllib.parse import unquote
 
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import Base, Gradebook, MissingEntry
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from autograder.engine.items import LabSpec
 from autograder.records import clean_reason
+
+URL_VAR = "FASTDL_GRADEBOOK_URL"
+# A server that drops packets would otherwise hold the instructor's command for minutes.
+CONNECT_TIMEOUT_S = 10
+# For text that is not a URL at all: whatever sits between "user:" and "@" is taken for a password.
+_LOOSE_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+class GradebookUnavailable(RuntimeError):
+    """The gradebook cannot be opened; the message names the reason, never the password."""
+
+
+def _parse(url: str) -> URL | None:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        return None
+
+
+def with_driver(url: str) -> str:
+    """``url`` with the PostgreSQL driver named: SQLAlchemy 2.1 reads a bare ``postgresql://`` as
+    psycopg 3, 2.0 as psycopg2, and psycopg2 is the driver this project installs."""
+    scheme, sep, rest = url.partition("://")
+    return f"postgresql+psycopg2://{rest}" if sep and scheme == "postgresql" else url
+
+
+def has_password(url: str) -> bool:
+    parsed = _parse(url)
+    return parsed is None or bool(parsed.password or parsed.query.get("password"))
+
+
+def masked(url: str) -> str:
+    """``url`` as it may be printed: a password, in the address or as a ``password=`` query
+    parameter (libpq reads both), is shown as ``***``."""
+    parsed = _parse(url)
+    if parsed is None:
+        return _LOOSE_PASSWORD.sub(r"\1***@", url)
+    query = {key: "***" if key == "password" else value for key, value in parsed.query.items()}
+    # Rendering percent-encodes the query (a socket folder's slashes); people read it decoded.
+    return unquote(parsed.set(query=query).render_as_string(hide_password=True))
+
+
+def _scrubbed(message: str, parsed: URL) -> str:
+    """A driver's message on one line, with the URL's secrets taken out should it quote them."""
+    for secret in (parsed.password, parsed.query.get("password")):
+        if isinstance(secret, str) and secret:
+            message = message.replace(secret, "***")
+    return " ".join(message.split())
+
+
+def check(url: str) -> None:
+    """Raise ``GradebookUnavailable`` unless a connection to the gradebook at ``url`` opens."""
+    parsed = _parse(url)
+    if parsed is None:
+        raise GradebookUnavailable(f"not a database URL: {masked(url)}")
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return  # nothing to reach: nbgrader makes the file where the course says
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S} if backend == "postgresql" else {}
+    try:
+        engine = sa.create_engine(parsed, connect_args=connect_args)
+    except (ImportError, NoSuchModuleError) as exc:
+        hint = " (pip install psycopg2-binary)" if getattr(exc, "name", None) == "psycopg2" else ""
+        raise GradebookUnavailable(
+            f"cannot open the gradebook at {masked(url)}: its database driver is missing{hint}: {exc}") from None
+    try:
+        with engine.connect() as connection:
+            connection.execute(sa.text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        reason = _scrubbed(str(getattr(exc, "orig", None) or exc), parsed)
+        # Not chained: the reason is the driver's whole message, already scrubbed.
+        raise GradebookUnavailable(f"cannot reach the gradebook at {masked(url)}: {reason}") from None
+    finally:
+        engine.dispose()
+
+
+def copy(source_url: str, target_url: str) -> None:
+    """Every row of the gradebook at ``source_url`` into an empty database at ``target_url``,
+    which may be of another kind (a PostgreSQL gradebook into a SQLite file)."""
+    source, target = sa.create_engine(source_url), sa.create_engine(target_url)
+    try:
+        if not sa.inspect(source).has_table("assignment"):
+            raise GradebookUnavailable(f"no gradebook at {masked(source_url)}: build the course first")
+        Base.metadata.create_all(target)
+        with source.connect() as src, target.begin() as dst:
+            for table in Base.metadata.sorted_tables:  # parents before the rows that point at them
+                rows = [dict(row) for row in src.execute(sa.select(table)).mappings()]
+                if rows:
+                    dst.execute(sa.insert(table), rows)
+            # nbgrader's own schema version, which `nbgrader db upgrade` reads; not one of its models.
+            if sa.inspect(src).has_table("alembic_version"):
+                versions = src.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all()
+                dst.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+                for version in versions:
+                    dst.execute(sa.text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": version})
+    finally:
+        source.dispose()
+        target.dispose()
+
 
 # nbgrader's feedback renders comments as Markdown, raw HTML and links included: a reason that
 # quotes student output must come out as text. HTML is escaped; backslashes and brackets are
