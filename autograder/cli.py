@@ -7,9 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import gradebook, pipeline, profiles
+from autograder import batch, gradebook, journal, pipeline, profiles
 from autograder.course import ROOT, Course, build
 from autograder.engine.items import all_labs, load_lab
+from autograder.progress import Progress, shown, summary_lines
 
 
 def _course(args) -> Course:
@@ -29,22 +30,16 @@ def _seed(args) -> int:
     return args.seed if args.seed is not None else fresh_seed()
 
 
-def _shown(text: str) -> str:
-    """``text`` on one terminal line: student folder names and output must not move the cursor,
-    recolour or add rows to what the instructor reads."""
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
-
-
 def format_table(rows: list[dict]) -> str:
     lines = [f"{'student':<22} {'lab':<13} {'item':<20} {'score':>9}  {'status':<16} reason"]
     for r in rows:
         score = f"{r['score']:g}/{r['max_score']:g}"
-        reason = _shown(r["reason"][:90])
-        lines.append(f"{_shown(r['student']):<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {reason}")
+        reason = shown(r["reason"][:90])
+        lines.append(f"{shown(r['student']):<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {reason}")
     lines.append("")
     for (student, lab), t in sorted(pipeline.totals(rows).items()):
         note = f"  ({t['left_out']:g} points need a GPU: left out of the total)" if t["left_out"] else ""
-        lines.append(f"total {_shown(student):<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
+        lines.append(f"total {shown(student):<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
     return "\n".join(lines)
 
 
@@ -52,7 +47,7 @@ def _print_failures(failures: list[str]) -> None:
     if failures:
         print(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
         for f in failures:
-            print(f"  - {_shown(f)}")
+            print(f"  - {shown(f)}")
 
 
 def cmd_build(args) -> int:
@@ -62,14 +57,48 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _grade(course: Course, jobs: list[tuple[str, str]], args, *, profile: dict, seed: int,
+           run: journal.Run | None = None) -> batch.BatchSummary:
+    """Grade ``jobs`` with the command line's choice of workers, showing progress as they finish; a
+    resumed ``run`` grades as it was started (with or without nbgrader, the same items)."""
+    todo = run.remaining if run else jobs
+    options = run.options if run else {"execute": not args.engine_only, "only": getattr(args, "item", None),
+                                       "cell_timeout": getattr(args, "cell_timeout", None)}
+    workers = args.workers if args.workers is not None else batch.default_workers(profile)
+    where = f"on the cluster at {args.scheduler}" if args.scheduler else f"with {min(workers, len(todo))} worker(s)"
+    print(f"grading {len(todo)} submission(s) {where}", flush=True)
+    progress = Progress(len(todo))
+    try:
+        return batch.grade(course, jobs, profile=profile, seed=seed, workers=workers, scheduler=args.scheduler,
+                           cell_timeout=options.get("cell_timeout"), isolated=not args.unsafe_no_isolation,
+                           execute=options.get("execute", True), only=options.get("only"), run=run,
+                           progress=progress)
+    finally:
+        progress.close()
+
+
 def cmd_autograde(args) -> int:
     course = _checked(_course(args))
     lab = load_lab(args.lab)
-    summary = pipeline.autograde(course, lab, profile=profiles.load(args.profile), seed=_seed(args),
-                                 students=args.student or None, cell_timeout=args.cell_timeout,
-                                 isolated=not args.unsafe_no_isolation)
-    rows = [r for r in pipeline.report_rows(course) if r["lab"] == lab.name and r["student"] in summary.students]
+    run = None
+    if args.resume:
+        if args.student or args.seed is not None or args.profile or args.item or args.engine_only:
+            args.autograde_parser.error("--resume grades the rest of the last run as it was started: its students, "
+                                        "seed, profile and items")
+        run = journal.latest_unfinished(course.root, {lab.name})
+        if run is None:
+            print(f"nothing to resume: the last run of {lab.name} finished (or none was started)")
+            return 0
+        profile, seed, jobs = profiles.load(run.profile), run.seed, run.jobs
+        print(f"resuming run {run.run_id}: {len(run.final)} of {len(jobs)} already graded")
+    else:
+        profile, seed = profiles.load(args.profile), _seed(args)
+        jobs = [(lab.name, student) for student in args.student or course.students(lab.name)]
+    summary = _grade(course, jobs, args, profile=profile, seed=seed, run=run)
+    students = {student for _, student in summary.jobs}
+    rows = [r for r in pipeline.report_rows(course) if r["lab"] == lab.name and r["student"] in students]
     print(format_table(rows))
+    print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(summary.failures)
     return 0
 
@@ -104,22 +133,21 @@ def cmd_demo(args) -> int:
     started = time.monotonic()
     demo = ROOT / "build" / "demo"
     course = _checked(Course(Path(args.course) if args.course else demo / "course", args.db_url))
-    labs = [load_lab(name).name for name in args.labs] if args.labs else list(all_labs())
-    build(course, labs)
-    failures, timings = [], []
+    labs = [load_lab(name) for name in args.labs] if args.labs else list(all_labs().values())
+    build(course, [lab.name for lab in labs])
+    # Labs that compile the student's source take longest: they start first, so that no worker is
+    # left with one at the end while the others wait.
+    labs.sort(key=lambda lab: -max(item.build_s for item in lab.items))
+    jobs = [(lab.name, student) for lab in labs for student in demo_students(course, lab.name)]
+    summary = _grade(course, jobs, args, profile=profiles.load(args.profile), seed=_seed(args))
+    failures = list(summary.failures)
     for lab in labs:
-        students = demo_students(course, lab)
-        spec = load_lab(lab)
-        summary = pipeline.autograde(course, spec, profile=profiles.load(args.profile), seed=_seed(args),
-                                     students=students, isolated=not args.unsafe_no_isolation)
-        failures += summary.failures
-        timings.append(f"{lab}: " + ", ".join(f"{s} {t:.0f} s" for s, t in summary.seconds.items()))
-        failures += pipeline.feedback(course, spec, students)
+        failures += pipeline.feedback(course, lab, [s for name, s in jobs if name == lab.name])
     csv_path, record_path = pipeline.write_report(course, demo / "report.csv")
     print(format_table(pipeline.report_rows(course)))
+    print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(failures)
     print(f"\nreport: {csv_path}\nrecords: {record_path}\nfeedback: {course.root / 'feedback'}")
-    print("grading time per submission (nbgrader + engine): " + "; ".join(timings))
     print(f"demo took {time.monotonic() - started:.0f} s")
     return 0
 
@@ -138,6 +166,12 @@ def parser() -> argparse.ArgumentParser:
     grading = argparse.ArgumentParser(add_help=False)
     grading.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
     grading.add_argument("--seed", type=int, help="reuse a recorded seed to regrade identically (default: secret, fresh)")
+    grading.add_argument("--workers", type=int, help="submissions graded at once on this machine, each by a worker "
+                         "process (default: one per core, or per GPU on a GPU profile)")
+    grading.add_argument("--scheduler", metavar="ADDRESS", help="grade on the Dask cluster at ADDRESS (its workers "
+                         "must see the course folder; on a GPU profile each declares --resources GPU=1)")
+    grading.add_argument("--engine-only", action="store_true", help="grade with the trusted engine alone: nbgrader "
+                         "does not run the notebooks (faster; formgrader then shows the submissions without outputs)")
     grading.add_argument("--unsafe-no-isolation", action="store_true",
                          help="grade where student code cannot be isolated (no bubblewrap or user namespaces); "
                               "every row of the report says so")
@@ -146,7 +180,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("lab")
     s.add_argument("--student", action="append", help="grade only this student (repeatable)")
     s.add_argument("--cell-timeout", type=int, help="nbgrader per-cell timeout in seconds")
-    s.set_defaults(func=cmd_autograde)
+    s.add_argument("--item", action="append", help="grade only this item (repeatable), e.g. after fixing its grading")
+    s.add_argument("--resume", action="store_true", help="grade what the last, interrupted run of LAB left, with "
+                   "its seed and profile")
+    s.set_defaults(func=cmd_autograde, autograde_parser=s)
 
     s = sub.add_parser("feedback", help="HTML feedback with the trusted verdicts, no hidden tests")
     s.add_argument("lab")
@@ -180,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
               "Install bubblewrap (apt-get install bubblewrap; `make demo` does it), or pass "
               "--unsafe-no-isolation to grade anyway with every row marked unsafe.", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Every submission written so far is in the run journal (autograder/journal.py).
+        print("\ninterrupted: what was graded is kept; `autograde LAB --resume` grades the rest", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the engine's figure. The reasons become comments on the item's solution cells.
 from __future__ import annotations
 
 import html
+import warnings
 import re
 from urllib.parse import unquote
 
@@ -133,15 +134,26 @@ def comment_line(item: str, status: str, reason: object) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
-def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict]) -> None:
+def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *,
+                 auto_grades: dict | None = None, auto_comments: dict | None = None) -> None:
+    """The engine's ``results`` as the scores of ``student``'s submission of ``lab``; ``auto_grades``
+    and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them."""
     with Gradebook(db_url) as gb:
         gb.update_or_create_student(student)
         try:
             gb.find_submission(lab.name, student)
         except MissingEntry:
-            # nbgrader could not execute the notebook (e.g. a crashed kernel): the engine's
-            # verdicts still stand, so the submission is created for them.
-            gb.add_submission(lab.name, student)
+            # nbgrader's run writes a scratch gradebook (autograder/jobs.py), never this one: the
+            # submission is created here, also when nbgrader could not execute the notebook.
+            with warnings.catch_warnings():
+                # nbgrader's add_submission trips SQLAlchemy's autoflush warnings on every call; harmless.
+                warnings.simplefilter("ignore", category=SAWarning)
+                gb.add_submission(lab.name, student)
+        for cell, score in (auto_grades or {}).items():
+            try:
+                gb.find_grade(cell, lab.name, lab.name, student).auto_score = score
+            except MissingEntry:
+                continue
         comments: dict[str, list[str]] = {}
         for result in results:
             item = lab.item(result["item"])
@@ -155,5 +167,5 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict]) -
                 comment = gb.find_comment(cell, lab.name, lab.name, student)
             except MissingEntry:
                 continue
-            comment.auto_comment = "\n".join(lines)
+            comment.auto_comment = "\n".join(filter(None, [(auto_comments or {}).get(cell), *lines]))
         gb.db.commit()

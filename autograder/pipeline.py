@@ -2,7 +2,8 @@
 
 For each student, nbgrader autogrades the notebook (its record of the student's own test run,
 for formgrader), then the trusted engine grades every item from the submitted file and its score
-is written over nbgrader's. A failure for one student is recorded and the batch goes on.
+is written over nbgrader's (``jobs.py`` grades one submission, ``batch.py`` many, in parallel).
+A failure for one student is recorded and the batch goes on.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import gradebook, notebook, records
+from autograder import batch, notebook, records
 from autograder.course import Course
-from autograder.engine import bwrap, kernel_jail
-from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import LabSpec
-from autograder.engine.sandbox import Limits, run_sandboxed
 
 REPORT_COLUMNS = ("student", "lab", "item", "score", "max_score", "status", "reason")
 
@@ -33,77 +31,24 @@ class LabSummary:
     seconds: dict[str, float] = field(default_factory=dict)  # per student: nbgrader plus engine
 
 
-# nbgrader executes the student's notebook in a kernel of its own, which starts in the sandbox
-# (kernel_jail). nbgrader itself runs under these limits in a private network namespace, which
-# the kernel shares (loopback stays up between them): a fork bomb, a memory hog or a process
-# left behind in the notebook cannot outlive the run or reach the network.
-NBGRADER_LIMITS = Limits(wall_s=1800, cpu_s=3600, memory_bytes=12 << 30, limit_address_space=False,
-                         max_processes=48, output_bytes=4 << 20, loopback=True)
-
-
-def _nbgrader_env(course: Course, profile: dict, isolated: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env[kernel_jail.STUDENT_PACKAGE_VAR] = str(course.student_package)
-    # nbgrader's run is the student's own test record, not the grade: the notebook's ungraded
-    # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the
-    # instructor's environment keeps them full size.
-    env.setdefault(kernel_jail.QUICK_VAR, "1")
-    env[kernel_jail.GPU_VAR] = "1" if profile.get("gpu") else "0"
-    if not isolated:
-        env[kernel_jail.UNSAFE_VAR] = "1"
-    return env
-
-
-def _nbgrader_autograde(course: Course, lab: str, student: str, cell_timeout: int | None, env: dict) -> dict:
-    argv = [sys.executable, "-m", "nbgrader", "autograde", lab, "--student", student, "--force"]
-    if cell_timeout:
-        argv.append(f"--Execute.timeout={cell_timeout}")
-    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(course.root), env=env)
-    message = ""
-    if done.status not in ("ok", "error"):
-        message = f"nbgrader autograde was stopped: {done.reason}"
-    elif done.returncode != 0:
-        lines = [ln for ln in done.output_tail.splitlines() if "ERROR" in ln or "Error" in ln]
-        message = "nbgrader could not execute the notebook: " + (" | ".join(lines[-3:]) or f"exit code {done.returncode}")
-    return {"returncode": done.returncode, "message": message[:2000]}
-
-
 def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,
               students: list[str] | None = None, cell_timeout: int | None = None,
-              isolated: bool = True) -> LabSummary:
-    """Grade ``lab`` for every student. ``isolated=False`` (``--unsafe-no-isolation``) runs student
-    code without the sandbox and says so in every reason; otherwise a machine that cannot isolate
-    raises ``bwrap.IsolationUnavailable`` before anything is graded."""
-    if isolated:
-        bwrap.check()
-    env = _nbgrader_env(course, profile, isolated)
-    summary = LabSummary(lab.name)
-    for student in students or course.students(lab.name):
-        summary.students.append(student)
-        started = time.monotonic()
-        try:
-            # nbgrader follows links and reads any size: a submission the engine refuses never
-            # reaches it (a link to another student's notebook would be graded as this one's).
-            notebook.read_notebook(course.submitted(student, lab.name))
-            nb_run = _nbgrader_autograde(course, lab.name, student, cell_timeout, env)
-            nb_run["outputs_cut"] = notebook.cap_outputs(course.autograded(student, lab.name))
-        except notebook.NotebookError as exc:
-            nb_run = {"returncode": None, "message": records.clean_reason(f"not given to nbgrader: {exc}")}
-        nb_run["seconds"] = round(time.monotonic() - started, 2)
-        if nb_run["message"]:
-            summary.failures.append(f"{student}: {nb_run['message']}")
-        results = grade_submission(
-            lab, course.submitted(student, lab.name), release=course.release(lab.name), profile=profile,
-            seed=student_seed(seed, lab.name, student), student_package=course.student_package, isolated=isolated,
-        )
-        items = [r.as_dict() for r in results]
-        summary.seconds[student] = round(time.monotonic() - started, 1)
-        records.write(course.records, lab.name, student, profile=profile["name"], seed=seed, items=items, nbgrader=nb_run)
-        try:
-            gradebook.write_scores(course.db_url, lab, student, items)
-        except Exception as exc:  # noqa: BLE001 - the record and report still hold the verdicts
-            summary.failures.append(f"{student}: gradebook not updated: {exc}")
-    return summary
+              isolated: bool = True, workers: int = 1, scheduler: str | None = None,
+              execute: bool = True) -> LabSummary:
+    """Grade ``lab`` for every student (``batch.grade`` does the work, and says what the options do)."""
+    jobs = [(lab.name, student) for student in students or course.students(lab.name)]
+    done = batch.grade(course, jobs, profile=profile, seed=seed, workers=workers, scheduler=scheduler,
+                       cell_timeout=cell_timeout, isolated=isolated, execute=execute)
+    return lab_summary(lab.name, done)
+
+
+def lab_summary(lab: str, done: batch.BatchSummary) -> LabSummary:
+    prefix = f"{lab} "
+    return LabSummary(
+        lab, students=[s for (name, s) in done.jobs if name == lab],
+        failures=[f[len(prefix):] for f in done.failures if f.startswith(prefix)],
+        seconds={s: round(t, 1) for (name, s), t in done.seconds.items() if name == lab},
+    )
 
 
 def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) -> list[str]:

@@ -44,7 +44,8 @@ def hardware() -> dict:
     return device.info().as_dict()
 
 
-def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int, items: list[dict], nbgrader: dict) -> Path:
+def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int, items: list[dict], nbgrader: dict,
+          seconds: dict | None = None, worker: str = "") -> Path:
     path = records_dir / lab / f"{student}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -56,6 +57,9 @@ def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int,
         "hardware": hardware(),
         "versions": versions(),
         "nbgrader": nbgrader,
+        # Grading time of this submission (nbgrader's run, the engine, both) and where it ran.
+        "seconds": seconds or {},
+        "worker": worker,
         "items": [{**item, "reason": clean_reason(item["reason"])} for item in items],
     }
     path.write_text(json.dumps(record, indent=2, default=str))

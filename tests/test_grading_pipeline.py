@@ -2,22 +2,20 @@
 
 One course is built per test session; each test adds its own students. Bad inputs are graded
 by the engine directly (fast) and, for the ones that break nbgrader itself, through the pipeline.
-The demo students are graded in copies of the built course, one per worker, labs side by side.
+The demo students of every lab are graded as one batch on two workers.
 """
 
 import csv
 import json
 import os
-import queue
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import pipeline, strip
+from autograder import batch, pipeline, strip
 from autograder.course import Course, copy_build, lab_sources
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
@@ -32,37 +30,21 @@ DEMO_WORKERS = 2
 
 @dataclass
 class Demo:
-    course: Course  # the copy of the course this lab was graded in
+    course: Course  # the course this lab was graded in
     summary: pipeline.LabSummary
 
 
 @pytest.fixture(scope="session")
 def demo(course, cpu, tmp_path_factory):
-    """The demo students of every lab, through nbgrader and the engine: {lab: Demo}.
-
-    Each worker grades whole labs in a copy of the built course, so that each gradebook has one
-    writer (nbgrader's autograde writes it too); the labs are taken from a queue as workers free up.
-    """
-    todo = queue.SimpleQueue()
-    # Labs that compile the student's source take longest: they go first, so the other worker
-    # is not left with them at the end.
-    for lab in sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items)):
-        todo.put(lab)
-    graded = {}
-
-    def work(copy: Course) -> None:
-        while True:
-            try:
-                lab = todo.get_nowait()
-            except queue.Empty:
-                return
-            students = demo_students(copy, lab.name)
-            graded[lab.name] = Demo(copy, pipeline.autograde(copy, lab, profile=cpu, seed=SEED, students=students))
-
-    copies = [copy_build(course, tmp_path_factory.mktemp("demo")) for _ in range(DEMO_WORKERS)]
-    with ThreadPoolExecutor(DEMO_WORKERS) as pool:
-        list(pool.map(work, copies))  # re-raises what a worker raised
-    return graded
+    """The demo students of every lab, through nbgrader and the engine, graded as one batch on a
+    local cluster of DEMO_WORKERS workers (autograder/batch.py): {lab: Demo}."""
+    copy = copy_build(course, tmp_path_factory.mktemp("demo"))
+    # Labs that compile the student's source take longest: they go first, so that no worker is left
+    # with one at the end.
+    labs = sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items))
+    jobs = [(lab.name, student) for lab in labs for student in demo_students(copy, lab.name)]
+    done = batch.grade(copy, jobs, profile=cpu, seed=SEED, workers=DEMO_WORKERS)
+    return {lab.name: Demo(copy, pipeline.lab_summary(lab.name, done)) for lab in labs}
 
 
 def rows_for(course, student, lab):

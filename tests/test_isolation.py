@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import pipeline
+from autograder import jobs
 from autograder.course import Course
 from autograder.engine import bwrap, kernel_jail
 from autograder.engine.sandbox import Limits, run_sandboxed
@@ -121,9 +121,9 @@ def test_quick_mode_reaches_nbgrader_and_its_kernel_and_nothing_else_does(tmp_pa
     assert kernel_jail.QUICK_VAR == device.QUICK_VAR
     course, profile = Course(tmp_path), {"gpu": False}
     monkeypatch.delenv(device.QUICK_VAR, raising=False)
-    assert pipeline._nbgrader_env(course, profile, isolated=True)[device.QUICK_VAR] == "1"
+    assert jobs.nbgrader_env(course.student_package, profile, isolated=True)[device.QUICK_VAR] == "1"
     monkeypatch.setenv(device.QUICK_VAR, "0")  # an instructor who wants the experiments full size
-    assert pipeline._nbgrader_env(course, profile, isolated=True)[device.QUICK_VAR] == "0"
+    assert jobs.nbgrader_env(course.student_package, profile, isolated=True)[device.QUICK_VAR] == "0"
     # The kernel launcher runs in nbgrader's environment and passes on only what the kernel needs.
     monkeypatch.setenv("FASTDL_GRADER_SECRET", "not for the kernel")
     kernel = kernel_jail._kernel_env(gpu=False)

@@ -1,0 +1,200 @@
+"""Grading many submissions: jobs out to workers, results back to one writer.
+
+Each submission is an independent job (``jobs.grade_job``). With one worker the jobs run here,
+one after another. With more, they run on Dask distributed: a local cluster of worker processes
+(``--workers N``), or an existing cluster (``--scheduler ADDRESS``) whose workers see the course
+folder. On a GPU profile every job asks for one ``GPU`` resource, and each worker declares one,
+so a speed item never shares its GPU with another submission.
+
+Whatever the executor, this process alone writes the grades (records, the autograded notebooks,
+the gradebook) and the run journal, in the order results arrive. A worker that dies loses only
+the job it held: the scheduler gives that job to another worker once, and a second loss is
+recorded as ``not_graded`` with the reason, like a fault of the grader itself. Nothing is graded
+twice: a job's result is written once, and the journal records each submission's final state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from autograder import gradebook, journal, records
+from autograder.course import Course
+from autograder.engine import bwrap
+from autograder.engine.items import load_lab
+from autograder.jobs import JobSpec, grade_job, prepare_scratch
+
+NOT_GRADED = journal.NOT_GRADED
+# A job lost with its worker runs once more (the scheduler's allowed-failures; Dask's default is 3).
+RETRIES_AFTER_WORKER_LOSS = 1
+
+
+@dataclass
+class BatchSummary:
+    jobs: list[tuple[str, str]] = field(default_factory=list)
+    graded: dict[tuple[str, str], dict] = field(default_factory=dict)  # job -> its record
+    failures: list[str] = field(default_factory=list)  # "lab student: what went wrong" (not the grade)
+    seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+    run_id: str = ""
+
+    def statuses(self) -> Counter:
+        return Counter(item["status"] for record in self.graded.values() for item in record["items"])
+
+
+def default_workers(profile: dict) -> int:
+    """One job per GPU on a GPU profile (a speed item needs its GPU to itself), else per core."""
+    if profile.get("gpu"):
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return max(1, os.cpu_count() or 1)
+
+
+def _job_key(lab: str, student: str) -> str:
+    # Student folder names are any bytes the file system allows; a scheduler key must be tame.
+    return f"grade-{lab}-{hashlib.sha256(student.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}"
+
+
+def _serial(specs: list[JobSpec], **_) -> Iterator[dict]:
+    for spec in specs:
+        yield grade_job(spec)
+
+
+def _lost(spec: JobSpec, why: str) -> dict:
+    return {"lab": spec.lab, "student": spec.student, "error": records.clean_reason(why), "items": [],
+            "nbgrader": {}, "seconds": {}, "worker": ""}
+
+
+def worker_specs(workers: int, gpu: bool) -> dict:
+    """Dask worker specifications: one thread each (a job keeps about a core busy); on a GPU host,
+    worker i sees GPU i alone and declares it as the resource every job asks for."""
+    from distributed import Nanny
+
+    def worker(i: int) -> dict:
+        # The workers' own log lines would bury the instructor's progress lines.
+        options = {"nthreads": 1, "memory_limit": 0, "silence_logs": logging.ERROR, "dashboard": False}
+        if gpu:
+            options |= {"resources": {"GPU": 1}, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}
+        return {"cls": Nanny, "options": options}
+
+    return {f"grader-{i}": worker(i) for i in range(workers)}
+
+
+def local_cluster(workers: int, gpu: bool):
+    """A cluster of ``workers`` worker processes on this machine, one job at a time each; on a GPU
+    host each worker sees one GPU and declares it."""
+    import dask
+    from distributed import Scheduler, SpecCluster
+
+    # The scheduler reads this when it starts; a cluster of the instructor's sets it in its own config.
+    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_LOSS}):
+        return SpecCluster(
+            scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+            workers=worker_specs(workers, gpu),
+            silence_logs=logging.ERROR,
+        )
+
+
+def _dask(specs: list[JobSpec], *, workers: int, scheduler: str | None, gpu: bool) -> Iterator[dict]:
+    from distributed import Client, as_completed
+    from distributed.scheduler import KilledWorker
+
+    cluster = None if scheduler else local_cluster(workers, gpu)
+    try:
+        with Client(scheduler or cluster, set_as_default=False) as client:
+            resources = {"GPU": 1} if gpu else None
+            futures = {client.submit(grade_job, spec, key=_job_key(spec.lab, spec.student), pure=False,
+                                     resources=resources): spec for spec in specs}
+            for future in as_completed(futures, loop=client.loop):
+                spec = futures[future]
+                try:
+                    yield future.result()
+                except KilledWorker:
+                    yield _lost(spec, f"the grading worker died while holding this submission, "
+                                      f"{RETRIES_AFTER_WORKER_LOSS + 1} times: regrade it with --student")
+                except Exception as exc:  # noqa: BLE001 - e.g. the scheduler lost the job's data
+                    yield _lost(spec, f"the cluster could not grade this submission: {type(exc).__name__}: {exc}")
+                future.release()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _store(course: Course, result: dict, run: journal.Run, profile: dict, summary: BatchSummary,
+           only: list[str] | None) -> dict:
+    """Write one job's result: the only place grades are written."""
+    lab_name, student = result["lab"], result["student"]
+    lab = load_lab(lab_name)
+    nb_run = {**result.get("nbgrader", {}), "seconds": result.get("seconds", {}).get("nbgrader")}
+    if result.get("error"):
+        items = [{"item": it.name, "score": 0.0, "max_score": it.points, "status": NOT_GRADED,
+                  "reason": result["error"], "counted": True, "wall_s": 0.0, "details": {}}
+                 for it in lab.items if not only or it.name in only]
+        summary.failures.append(f"{lab_name} {student}: not graded: {result['error']}")
+    else:
+        items = result["items"]
+        if nb_run.get("message"):
+            summary.failures.append(f"{lab_name} {student}: {nb_run['message']}")
+        if result.get("autograded") is not None:
+            target = course.autograded(student, lab_name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(result["autograded"], encoding="utf-8")
+    path = records.write(course.records, lab_name, student, profile=profile["name"], seed=run.seed, items=items,
+                         nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""))
+    if not result.get("error"):
+        try:
+            gradebook.write_scores(course.db_url, lab, student, items, auto_grades=result.get("auto_grades"),
+                                   auto_comments=result.get("auto_comments"))
+        except Exception as exc:  # noqa: BLE001 - the record and report still hold the verdicts
+            summary.failures.append(f"{lab_name} {student}: gradebook not updated: {records.clean_reason(exc)}")
+    run.finish(lab_name, student, NOT_GRADED if result.get("error") else journal.GRADED,
+               score=sum(i["score"] for i in items if i["counted"]))
+    record = json.loads(path.read_text())
+    summary.graded[(lab_name, student)] = record
+    summary.seconds[(lab_name, student)] = result.get("seconds", {}).get("total", 0.0)
+    return record
+
+
+def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: int, workers: int = 1,
+          scheduler: str | None = None, cell_timeout: int | None = None, isolated: bool = True,
+          execute: bool = True, only: list[str] | None = None, run: journal.Run | None = None,
+          progress: Callable[[int, int, dict], None] | None = None) -> BatchSummary:
+    """Grade ``jobs`` ((lab, student) pairs); ``run`` continues an interrupted run (its seed wins).
+
+    ``isolated=False`` (``--unsafe-no-isolation``) runs student code without the sandbox and says so
+    in every reason; otherwise a machine that cannot isolate raises ``bwrap.IsolationUnavailable``
+    before anything is graded."""
+    if isolated:
+        bwrap.check()
+    run = run or journal.start(course.root, seed=seed, profile=profile["name"], jobs=jobs,
+                               options={"execute": execute, "only": only, "cell_timeout": cell_timeout})
+    todo = [job for job in jobs if job not in run.final]
+    summary = BatchSummary(jobs=list(jobs), run_id=run.run_id)
+    workers = min(workers, len(todo))
+    scratch = Path(tempfile.mkdtemp(prefix=f".scratch-{run.run_id}-", dir=course.root))
+    try:
+        labs = sorted({lab for lab, _ in todo})
+        prepared = {lab: str(prepare_scratch(course, lab, scratch)) for lab in labs} if execute else {}
+        parallel = max(1, (os.cpu_count() or 1) // max(1, workers))
+        specs = [JobSpec(str(course.root), prepared.get(lab, ""), lab, student, profile, run.seed,
+                         cell_timeout=cell_timeout, isolated=isolated, execute=execute, item_parallel=min(2, parallel),
+                         only=tuple(only) if only else None)
+                 for lab, student in todo]
+        results = _serial(specs) if workers <= 1 and not scheduler else \
+            _dask(specs, workers=workers, scheduler=scheduler, gpu=bool(profile.get("gpu")))
+        for done, result in enumerate(results, 1):
+            record = _store(course, result, run, profile, summary, only)
+            if progress:
+                progress(done, len(specs), record)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return summary

@@ -1,0 +1,191 @@
+"""One grading job: one student's submission of one lab, graded where a worker runs it.
+
+A job runs nbgrader's autograde of the notebook (the student's own test run, kept for formgrader
+and feedback) and then the trusted engine, and hands back everything it found as plain data: the
+executed notebook, nbgrader's automatic scores and the engine's verdicts. It writes nothing in the
+course: the process that collects the results is the only writer of the records, the autograded
+folder and the gradebook, so any number of jobs can run at once, on this machine or on a cluster
+whose workers see the course folder.
+
+nbgrader keeps a gradebook of its own while it runs; each job gives it a private copy of the lab's
+scratch course (made once per batch by ``prepare_scratch``), with a SQLite gradebook of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autograder import notebook, records
+from autograder.course import CONFIG, CELL_TIMEOUT_S, COURSE_ID, Course
+from autograder.engine import kernel_jail
+from autograder.engine.grade import grade_submission, student_seed
+from autograder.engine.items import load_lab
+from autograder.engine.sandbox import Limits, run_sandboxed
+
+# nbgrader executes the student's notebook in a kernel of its own, which starts in the sandbox
+# (kernel_jail). nbgrader itself runs under these limits in a private network namespace, which
+# the kernel shares (loopback stays up between them): a fork bomb, a memory hog or a process
+# left behind in the notebook cannot outlive the run or reach the network.
+NBGRADER_LIMITS = Limits(wall_s=1800, cpu_s=3600, memory_bytes=12 << 30, limit_address_space=False,
+                         max_processes=48, output_bytes=4 << 20, loopback=True)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a worker needs to grade one submission; plain data, so it travels to any worker."""
+    course_root: str
+    scratch: str  # the lab's scratch course from prepare_scratch
+    lab: str
+    student: str
+    profile: dict
+    seed: int  # the batch's seed; each student's is derived from it
+    cell_timeout: int | None = None
+    isolated: bool = True
+    execute: bool = True  # False: the engine alone (nbgrader does not run the notebook)
+    only: tuple[str, ...] | None = None  # grade these items only
+    item_parallel: int = 2
+
+
+@dataclass
+class JobResult:
+    lab: str
+    student: str
+    items: list[dict] = field(default_factory=list)
+    nbgrader: dict = field(default_factory=dict)  # returncode, message, outputs_cut
+    autograded: str | None = None  # the executed notebook (JSON text), outputs capped
+    auto_grades: dict = field(default_factory=dict)  # grade cell -> nbgrader's automatic score
+    auto_comments: dict = field(default_factory=dict)  # comment cell -> nbgrader's automatic comment
+    seconds: dict = field(default_factory=dict)  # nbgrader, engine, total
+    worker: str = ""
+    error: str = ""  # the job itself failed (a grader fault, never the student's doing)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env[kernel_jail.STUDENT_PACKAGE_VAR] = str(student_package)
+    # nbgrader's run is the student's own test record, not the grade: the notebook's ungraded
+    # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the
+    # instructor's environment keeps them full size.
+    env.setdefault(kernel_jail.QUICK_VAR, "1")
+    env[kernel_jail.GPU_VAR] = "1" if profile.get("gpu") else "0"
+    if not isolated:
+        env[kernel_jail.UNSAFE_VAR] = "1"
+    return env
+
+
+def _write_scratch_config(root: Path) -> None:
+    (root / "nbgrader_config.py").write_text(CONFIG.format(
+        course_id=COURSE_ID, root=str(root), db_url=f"sqlite:///{root / 'gradebook.db'}",
+        timeout=CELL_TIMEOUT_S, records=str(root / "records"),
+    ))
+
+
+def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:
+    """The lab's scratch course under ``folder``: its source notebook and a gradebook that knows the
+    assignment (nbgrader's generate_assignment, once per batch and lab)."""
+    root = Path(folder) / lab
+    (root / "source").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(course.root / "source" / lab, root / "source" / lab, dirs_exist_ok=True)
+    _write_scratch_config(root)
+    argv = [sys.executable, "-m", "nbgrader", "generate_assignment", lab, "--force",
+            "--CourseDirectory.create_assignment=True"]
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot prepare the scratch course of {lab}: {done.stderr[-1000:]}")
+    return root
+
+
+def _nbgrader_autograde(root: Path, spec: JobSpec, env: dict) -> dict:
+    argv = [sys.executable, "-m", "nbgrader", "autograde", spec.lab, "--student", spec.student, "--force"]
+    if spec.cell_timeout:
+        argv.append(f"--Execute.timeout={spec.cell_timeout}")
+    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(root), env=env)
+    message = ""
+    if done.status not in ("ok", "error"):
+        message = f"nbgrader autograde was stopped: {done.reason}"
+    elif done.returncode != 0:
+        lines = [ln for ln in done.output_tail.splitlines() if "ERROR" in ln or "Error" in ln]
+        message = "nbgrader could not execute the notebook: " + (" | ".join(lines[-3:]) or f"exit code {done.returncode}")
+    return {"returncode": done.returncode, "message": records.clean_reason(message)[:2000] if message else ""}
+
+
+def _automatic_scores(root: Path, lab: str, student: str) -> tuple[dict, dict]:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        try:
+            nb = gb.find_submission_notebook(lab, lab, student)
+        except MissingEntry:
+            return {}, {}
+        grades = {g.name: g.auto_score for g in nb.grades}
+        comments = {c.name: c.auto_comment for c in nb.comments}
+    return grades, comments
+
+
+def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> None:
+    root = work / "course"
+    shutil.copytree(spec.scratch, root)
+    _write_scratch_config(root)
+    target = root / "submitted" / spec.student / spec.lab / f"{spec.lab}.ipynb"
+    target.parent.mkdir(parents=True)
+    # What nbgrader reads is the notebook the engine read, copied: never the student's folder,
+    # which could hold links to another student's work.
+    target.write_text(json.dumps(nb), encoding="utf-8")
+    env = nbgrader_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
+    result.nbgrader = _nbgrader_autograde(root, spec, env)
+    executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"
+    result.nbgrader["outputs_cut"] = notebook.cap_outputs(executed)
+    if executed.is_file():
+        result.autograded = executed.read_text(encoding="utf-8", errors="replace")
+    result.auto_grades, result.auto_comments = _automatic_scores(root, spec.lab, spec.student)
+
+
+def grade_job(spec: JobSpec) -> dict:
+    """Grade one submission; returns ``JobResult.as_dict()``. Never raises: a fault of the grader
+    itself comes back in ``error`` and the collecting process records it by name."""
+    started = time.monotonic()
+    result = JobResult(spec.lab, spec.student, worker=socket.gethostname())
+    course = Course(Path(spec.course_root))
+    submitted = course.submitted(spec.student, spec.lab)
+    work = Path(tempfile.mkdtemp(prefix="fastdl-job-"))
+    try:
+        nb_started = time.monotonic()
+        if spec.execute:
+            try:
+                # nbgrader follows links and reads any size: a submission the engine refuses
+                # never reaches it.
+                _run_nbgrader(spec, notebook.read_notebook(submitted), result, work)
+            except notebook.NotebookError as exc:
+                result.nbgrader = {"returncode": None, "message": records.clean_reason(f"not given to nbgrader: {exc}")}
+        else:
+            result.nbgrader = {"returncode": None, "message": "", "skipped": "graded by the engine alone"}
+        engine_started = time.monotonic()
+        lab = load_lab(spec.lab)
+        verdicts = grade_submission(
+            lab, submitted, release=course.release(spec.lab), profile=spec.profile,
+            seed=student_seed(spec.seed, lab.name, spec.student), student_package=course.student_package,
+            isolated=spec.isolated, parallel=spec.item_parallel, only=set(spec.only) if spec.only else None,
+        )
+        result.items = [v.as_dict() for v in verdicts]
+        done = time.monotonic()
+        result.seconds = {"nbgrader": round(engine_started - nb_started, 2), "engine": round(done - engine_started, 2),
+                          "total": round(done - started, 2)}
+    except Exception:  # noqa: BLE001 - a grader fault must not take the batch down; it is named
+        result.error = records.clean_reason("grader fault: " + traceback.format_exc(limit=4).strip().splitlines()[-1])
+        result.seconds = {"total": round(time.monotonic() - started, 2)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return result.as_dict()

@@ -1,0 +1,261 @@
+"""Grading a class: parallel workers, one writer, the run journal, resume, and faults on the way.
+
+The load test grades 40 submissions of lab 00 (one item, the engine alone, to keep it cheap) on a
+local Dask cluster of two workers, with eight hostile submissions among them, and kills a worker
+twice while each holds a job. Every submission must end in exactly one final state, none lost,
+none graded twice, and a regrade with the same seed must give the same scores.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+
+from autograder import batch, cli, journal, progress
+from autograder.course import copy_build
+from autograder.engine.sandbox import descendants
+from autograder.submissions import make_submission, parse_cells_file, reference_solutions
+from autograder.submissions import DEMO_DIR
+
+LAB = "00_measure"
+ITEM = "roofline"
+SEED = 4321
+
+# Solution cells that attack the grader, each with the one thing the grader must make of it.
+HOSTILE = {
+    "crashes": "import os\nos._exit(3)",
+    "loops": "while True:\n    pass",
+    "forks": "import os\nwhile True:\n    os.fork()",
+    "hogs-memory": "blocks = [bytearray(1 << 30) for _ in range(64)]",
+    "floods": "print('x' * (64 << 20))",
+}
+
+
+def _submit_hostile(course, name: str) -> None:
+    if name in HOSTILE:
+        make_submission(course, LAB, name, {**reference_solutions(course, LAB), "roofline_code": HOSTILE[name]})
+    elif name == "not-json":
+        path = course.submitted(name, LAB)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"cells": [')
+    elif name == "links-to-another":
+        path = course.submitted(name, LAB)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(course.submitted("honest-00", LAB))
+    elif name == "deletes-test":
+        target = make_submission(course, LAB, name, reference_solutions(course, LAB))
+        nb = nbformat.read(target, as_version=4)
+        nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != ITEM]
+        nbformat.write(nb, target)
+
+
+HOSTILE_NAMES = [*HOSTILE, "not-json", "links-to-another", "deletes-test"]
+
+
+@pytest.fixture(scope="module")
+def load_course(course, tmp_path_factory):
+    """A copy of the built course with 32 honest submissions (full marks or one known mistake)
+    and the 8 hostile ones: 20% of the class."""
+    copy = copy_build(course, tmp_path_factory.mktemp("load"))
+    buggy = parse_cells_file(DEMO_DIR / LAB / "buggy-flops.py")
+    for i in range(32):
+        cells = reference_solutions(copy, LAB)
+        if i % 4 == 3:
+            cells |= buggy
+        make_submission(copy, LAB, f"honest-{i:02d}", cells)
+    for name in HOSTILE_NAMES:
+        _submit_hostile(copy, name)
+    return copy
+
+
+def _cpu(cpu):
+    # A looping submission holds a worker for the whole wall limit: short, so the test stays cheap.
+    return {**cpu, "limits": {**cpu["limits"], "wall_s": 10}}
+
+
+def _left_behind(before: set[int], wait_s: float = 15) -> list[str]:
+    """Command lines of this test's processes still alive, after ``wait_s`` for them to finish closing.
+    multiprocessing's resource tracker is this process's own helper for as long as it lives."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid in set(descendants(os.getpid())) - before:
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                continue
+            if "multiprocessing.resource_tracker" not in cmdline:
+                left.append(cmdline)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def _scores(course, students):
+    out = {}
+    for student in students:
+        record = json.loads((course.records / LAB / f"{student}.json").read_text())
+        out[student] = {i["item"]: (i["score"], i["status"]) for i in record["items"]}
+    return out
+
+
+@pytest.mark.slow
+def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cpu):
+    from distributed import Client
+
+    course = load_course
+    students = course.students(LAB)
+    assert len(students) == 40
+    jobs = [(LAB, s) for s in students]
+    before = set(descendants(os.getpid()))
+    cluster = batch.local_cluster(2, gpu=False)
+    killed: list[str] = []  # keys of the jobs that were running on a killed worker
+    try:
+        with Client(cluster, set_as_default=False) as spy:
+            def kill_a_busy_worker(done, total, record):
+                if done not in (8, 20):
+                    return
+                for address, keys in spy.processing().items():
+                    # Never the job a first kill already cost a worker: that one must be retried, not lost.
+                    if keys and not set(keys) & set(killed):
+                        killed.extend(keys)
+                        pid = spy.run(os.getpid, workers=[address])[address]
+                        os.kill(pid, signal.SIGKILL)
+                        return
+
+            summary = batch.grade(course, jobs, profile=_cpu(cpu), seed=SEED, scheduler=cluster.scheduler_address,
+                                  execute=False, only=[ITEM], progress=kill_a_busy_worker)
+    finally:
+        cluster.close()
+
+    assert len(killed) >= 2, "both kills found a busy worker"
+    # Exactly one final state per submission, all graded: the killed workers' jobs were given again.
+    events = [json.loads(line) for line in (course.root / "runs" / f"{summary.run_id}.jsonl").read_text().splitlines()]
+    finals = [(e["lab"], e["student"]) for e in events if e["event"] == "final"]
+    assert sorted(finals) == sorted(jobs)
+    assert {e["state"] for e in events if e["event"] == "final"} == {journal.GRADED}
+    assert {batch._job_key(LAB, s) for s in students} >= set(killed)
+
+    scores = _scores(course, students)
+    for i in range(32):
+        expected = (2.4, "partial") if i % 4 == 3 else (4.0, "passed")
+        assert scores[f"honest-{i:02d}"][ITEM] == pytest.approx(expected), i
+    for name in HOSTILE_NAMES:
+        score, status = scores[name][ITEM]
+        assert score == 0 and status not in ("passed", "partial", journal.NOT_GRADED), (name, status)
+    assert scores["not-json"][ITEM][1] == scores["links-to-another"][ITEM][1] == "invalid_notebook"
+    assert scores["deletes-test"][ITEM][1] == "tampered"
+    assert scores["loops"][ITEM][1] == "timeout"
+    assert not _left_behind(before), "the cluster and every sandbox are gone"
+
+    # The same inputs and seed, graded again one by one: the same scores.
+    again = ["honest-00", "honest-03", "crashes", "not-json", "deletes-test", "links-to-another"]
+    batch.grade(course, [(LAB, s) for s in again], profile=_cpu(cpu), seed=SEED, execute=False, only=[ITEM])
+    assert _scores(course, again) == {s: scores[s] for s in again}
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_where_it_stopped(course, cpu, tmp_path):
+    copy = copy_build(course, tmp_path / "course")
+    students = [f"s{i}" for i in range(6)]
+    for s in students:
+        make_submission(copy, LAB, s, reference_solutions(copy, LAB))
+    argv = [sys.executable, "-m", "autograder", "--course", str(copy.root), "autograde", LAB, "--profile", "cpu",
+            "--seed", str(SEED), "--engine-only", "--item", ITEM, "--workers", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = list((copy.root / "runs").glob("*.jsonl"))
+            if logs and sum('"final"' in line for line in logs[0].read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    first = journal.load(logs[0])
+    assert 2 <= len(first.final) < len(students), "killed part-way"
+
+    out = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, out
+    try:
+        assert cli.main(["--course", str(copy.root), "autograde", LAB, "--resume", "--workers", "1"]) == 0
+    finally:
+        sys.stdout = sys_stdout
+    assert f"resuming run {first.run_id}: {len(first.final)} of 6 already graded" in out.getvalue()
+    events = [json.loads(line) for line in logs[0].read_text().splitlines() if '"final"' in line]
+    # The finished ones were not graded again; the rest were graded once, with the run's seed and item.
+    assert sorted(e["student"] for e in events) == students
+    for s in students:
+        record = json.loads((copy.records / LAB / f"{s}.json").read_text())
+        assert record["seed"] == SEED and [i["item"] for i in record["items"]] == [ITEM]
+        assert record["items"][0]["status"] == "passed"
+    assert journal.latest_unfinished(copy.root, {LAB}) is None
+
+
+def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, monkeypatch):
+    copy = copy_build(course, tmp_path / "course")
+    for s in ("first", "second"):
+        make_submission(copy, LAB, s, None)
+    real = batch.grade_job
+
+    def faulty(spec):
+        return real(spec) if spec.student == "second" else {**real(spec), "error": "grader fault: OSError: disk full"}
+
+    monkeypatch.setattr(batch, "grade_job", faulty)
+    summary = batch.grade(copy, [(LAB, "first"), (LAB, "second")], profile=cpu, seed=SEED, execute=False)
+    first, second = summary.graded[(LAB, "first")], summary.graded[(LAB, "second")]
+    assert {i["status"] for i in first["items"]} == {journal.NOT_GRADED}
+    assert "disk full" in first["items"][0]["reason"]
+    assert {i["status"] for i in second["items"]} <= {"unanswered", "needs_gpu"}
+    run = journal.load(copy.root / "runs" / f"{summary.run_id}.jsonl")
+    assert run.final[(LAB, "first")]["state"] == journal.NOT_GRADED and not run.remaining
+    assert any("first: not graded" in f for f in summary.failures)
+
+
+def test_journal_survives_a_line_cut_short(tmp_path):
+    run = journal.start(tmp_path, seed=7, profile="cpu", jobs=[("00_measure", "a"), ("00_measure", "b")],
+                        options={"execute": False, "only": ["roofline"]})
+    run.finish("00_measure", "a", journal.GRADED, score=4.0)
+    with run.path.open("a") as f:
+        f.write('{"event": "final", "lab": "00_measure", "stud')  # the kill came mid-write
+    again = journal.load(run.path)
+    assert again.remaining == [("00_measure", "b")] and again.seed == 7 and again.options["only"] == ["roofline"]
+    assert journal.latest_unfinished(tmp_path, {"00_measure"}).run_id == run.run_id
+    assert journal.latest_unfinished(tmp_path, {"01_gemm"}) is None
+    with pytest.raises(ValueError):
+        run.finish("00_measure", "b", "half-done")
+
+
+def test_gpu_workers_each_see_one_gpu_and_declare_it():
+    specs = batch.worker_specs(2, gpu=True)
+    assert [s["options"]["env"]["CUDA_VISIBLE_DEVICES"] for s in specs.values()] == ["0", "1"]
+    assert all(s["options"]["resources"] == {"GPU": 1} and s["options"]["nthreads"] == 1 for s in specs.values())
+    assert all("resources" not in s["options"] for s in batch.worker_specs(2, gpu=False).values())
+    assert batch.default_workers({"gpu": False}) == os.cpu_count()
+
+
+def test_progress_prints_a_line_per_submission_when_not_a_terminal():
+    stream = io.StringIO()
+    bar = progress.Progress(2, stream=stream)
+    graded = {"lab": LAB, "student": "ann\x1b[2J", "seconds": {"total": 3.25},
+              "items": [{"item": "roofline", "score": 4.0, "max_score": 4, "status": "passed", "counted": True},
+                        {"item": "speed", "score": 0.0, "max_score": 2, "status": "needs_gpu", "counted": False}]}
+    lost = {"lab": LAB, "student": "bob", "seconds": {},
+            "items": [{"item": "roofline", "score": 0.0, "max_score": 4, "status": "not_graded", "counted": True,
+                       "reason": "the grading worker died"}]}
+    bar(1, 2, graded)
+    bar(2, 2, lost)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert lines == [f"[1/2] {LAB} ann?[2J: 4/4 (2 points need a GPU) in 3.2 s",
+                     f"[2/2] {LAB} bob: NOT GRADED (the grading worker died)"]
+    summary = progress.summary_lines([graded, lost])
+    assert summary[0] == "2 submission(s): passed 1, needs_gpu 1, not_graded 1"
+    assert "1 not graded" in summary[1]
