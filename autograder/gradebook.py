@@ -12,14 +12,14 @@ the engine's figure. The reasons become comments on the item's solution cells.
 from __future__ import annotations
 
 import html
-import warnings
 import re
+import warnings
 from urllib.parse import unquote
 
 from nbgrader.api import Base, Gradebook, MissingEntry
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
 
 from autograder.engine.items import LabSpec
 from autograder.records import clean_reason
