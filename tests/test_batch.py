@@ -14,63 +14,22 @@ import subprocess
 import sys
 import time
 
-import nbformat
 import pytest
 
-from autograder import batch, cli, journal, progress
+from autograder import batch, cli, journal, loadtest, progress
 from autograder.course import copy_build
 from autograder.engine.sandbox import descendants
-from autograder.submissions import make_submission, parse_cells_file, reference_solutions
-from autograder.submissions import DEMO_DIR
+from autograder.submissions import make_submission, reference_solutions
 
-LAB = "00_measure"
-ITEM = "roofline"
+LAB, ITEM = loadtest.LAB, loadtest.ITEM
 SEED = 4321
-
-# Solution cells that attack the grader, each with the one thing the grader must make of it.
-HOSTILE = {
-    "crashes": "import os\nos._exit(3)",
-    "loops": "while True:\n    pass",
-    "forks": "import os\nwhile True:\n    os.fork()",
-    "hogs-memory": "blocks = [bytearray(1 << 30) for _ in range(64)]",
-    "floods": "print('x' * (64 << 20))",
-}
-
-
-def _submit_hostile(course, name: str) -> None:
-    if name in HOSTILE:
-        make_submission(course, LAB, name, {**reference_solutions(course, LAB), "roofline_code": HOSTILE[name]})
-    elif name == "not-json":
-        path = course.submitted(name, LAB)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text('{"cells": [')
-    elif name == "links-to-another":
-        path = course.submitted(name, LAB)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.symlink_to(course.submitted("honest-00", LAB))
-    elif name == "deletes-test":
-        target = make_submission(course, LAB, name, reference_solutions(course, LAB))
-        nb = nbformat.read(target, as_version=4)
-        nb.cells = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != ITEM]
-        nbformat.write(nb, target)
-
-
-HOSTILE_NAMES = [*HOSTILE, "not-json", "links-to-another", "deletes-test"]
 
 
 @pytest.fixture(scope="module")
 def load_course(course, tmp_path_factory):
-    """A copy of the built course with 32 honest submissions (full marks or one known mistake)
-    and the 8 hostile ones: 20% of the class."""
+    """A copy of the built course with a class of 40: 32 honest submissions, 8 hostile."""
     copy = copy_build(course, tmp_path_factory.mktemp("load"))
-    buggy = parse_cells_file(DEMO_DIR / LAB / "buggy-flops.py")
-    for i in range(32):
-        cells = reference_solutions(copy, LAB)
-        if i % 4 == 3:
-            cells |= buggy
-        make_submission(copy, LAB, f"honest-{i:02d}", cells)
-    for name in HOSTILE_NAMES:
-        _submit_hostile(copy, name)
+    loadtest.make_class(copy, 40)
     return copy
 
 
@@ -143,19 +102,21 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     assert {batch._job_key(LAB, s) for s in students} >= set(killed)
 
     scores = _scores(course, students)
-    for i in range(32):
-        expected = (2.4, "partial") if i % 4 == 3 else (4.0, "passed")
-        assert scores[f"honest-{i:02d}"][ITEM] == pytest.approx(expected), i
-    for name in HOSTILE_NAMES:
-        score, status = scores[name][ITEM]
-        assert score == 0 and status not in ("passed", "partial", journal.NOT_GRADED), (name, status)
-    assert scores["not-json"][ITEM][1] == scores["links-to-another"][ITEM][1] == "invalid_notebook"
-    assert scores["deletes-test"][ITEM][1] == "tampered"
-    assert scores["loops"][ITEM][1] == "timeout"
+    hostile = [s for s in students if loadtest.expected(s) is None]
+    assert len(hostile) == 8
+    for student in students:
+        score, status = scores[student][ITEM]
+        if student in hostile:
+            assert score == 0 and status not in ("passed", "partial", journal.NOT_GRADED), (student, status)
+        else:
+            assert (score, status) == pytest.approx(loadtest.expected(student)), student
+    assert scores["not-json-0005"][ITEM][1] == scores["links-to-another-0006"][ITEM][1] == "invalid_notebook"
+    assert scores["deletes-test-0007"][ITEM][1] == "tampered"
+    assert scores["loops-0001"][ITEM][1] == "timeout"
     assert not _left_behind(before), "the cluster and every sandbox are gone"
 
     # The same inputs and seed, graded again one by one: the same scores.
-    again = ["honest-00", "honest-03", "crashes", "not-json", "deletes-test", "links-to-another"]
+    again = ["honest-0000", "honest-0003", "crashes-0000", "not-json-0005", "deletes-test-0007", "links-to-another-0006"]
     batch.grade(course, [(LAB, s) for s in again], profile=_cpu(cpu), seed=SEED, execute=False, only=[ITEM])
     assert _scores(course, again) == {s: scores[s] for s in again}
 
