@@ -1,8 +1,8 @@
 """Writing the trusted engine's scores into nbgrader's gradebook.
 
-Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above the
-automatic score of the student's own test run, so formgrader, feedback and grade exports all show
-the engine's figure. The reasons become comments on the item's solution cells.
+Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above its
+automatic score (zero: nbgrader's run leaves test cells unrun, ``autograder.execute``), so
+formgrader, feedback and grade exports all show the engine's figure. The reasons become comments on the item's solution cells.
 """
 
 from __future__ import annotations
