@@ -32,6 +32,7 @@ TEST_DEFAULTS = {"grade": True, "locked": True, "schema_version": 3, "solution":
 
 CONFIG = """\
 # Written by `python -m autograder build`; edit autograder/course.py instead.
+from autograder.execute import autograde_preprocessors
 from autograder.feedback import ClearHiddenTestsInTestCells, TrustedVerdicts
 from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -46,6 +47,8 @@ c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
 # The student's notebook is student code: its kernel starts in the grader's sandbox.
 c.Execute.kernel_manager_class = "autograder.engine.kernel_jail.JailedKernelManager"
+# The trusted engine grades every test cell's item: nbgrader's run executes the other cells only.
+c.Autograde.autograde_preprocessors = autograde_preprocessors()
 # A test cell a student deleted comes back from the source; the trusted engine still costs it.
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False

@@ -1,7 +1,8 @@
 """Feedback that shows the trusted verdict of every item, and nothing of the hidden tests.
 
-nbgrader's feedback renders the autograded notebook, whose test-cell outputs are the student's own
-run of the tests: they may quote hidden test lines in tracebacks, and they are not the grade. This
+nbgrader's feedback renders the autograded notebook, whose test cells hold no verdict: nbgrader's
+run leaves them unrun, with a note (``autograder.execute``), and a notebook autograded before that
+holds the student's own run of the tests, which may quote hidden test lines in tracebacks. This
 preprocessor replaces every test cell's outputs with the engine's verdict for that item.
 """
 
@@ -18,7 +19,7 @@ from traitlets import Bool, Unicode
 from autograder.records import clean_reason
 
 
-def _is_test_cell(cell) -> bool:
+def is_test_cell(cell) -> bool:
     meta = cell.metadata.get("nbgrader", {})
     return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
@@ -40,7 +41,7 @@ class ClearHiddenTestsInTestCells(ClearHiddenTests):
     """
 
     def preprocess_cell(self, cell, resources, cell_index):
-        if _is_test_cell(cell):
+        if is_test_cell(cell):
             return super().preprocess_cell(cell, resources, cell_index)
         return cell, resources
 
@@ -57,7 +58,7 @@ class TrustedVerdicts(Preprocessor):
         if path.exists():
             results = {r["item"]: r for r in json.loads(path.read_text())["items"]}
         for cell in nb.cells:
-            if not _is_test_cell(cell):
+            if not is_test_cell(cell):
                 continue
             result = results.get(cell.metadata["nbgrader"].get("grade_id"))
             text = verdict_text(result) if result else "This item has no verdict from the autograder.\n"

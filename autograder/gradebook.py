@@ -4,9 +4,9 @@ The gradebook is any database SQLAlchemy opens: a SQLite file in the course fold
 a PostgreSQL database (``FASTDL_GRADEBOOK_URL`` or ``--db-url``) for many writers at once. A URL
 may hold a password, so every URL shown to people goes through ``masked``.
 
-Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above the
-automatic score of the student's own test run, so formgrader, feedback and grade exports all show
-the engine's figure. The reasons become comments on the item's solution cells.
+Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above its
+automatic score (zero: nbgrader's run leaves test cells unrun, ``autograder.execute``), so
+formgrader, feedback and grade exports all show the engine's figure. The reasons become comments on the item's solution cells.
 """
 
 from __future__ import annotations

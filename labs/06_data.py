@@ -96,7 +96,7 @@ print(inspect.getsource(loop.train_slow))
 # op ran (Python between ops), and the ops that made the host wait for a value.
 
 # %%
-STEPS, BATCH = 10, 32
+STEPS, BATCH = 4 if QUICK else 10, 32
 
 
 def slow_run():

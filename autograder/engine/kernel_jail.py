@@ -31,6 +31,10 @@ UNSAFE_VAR = "FASTDL_UNSAFE_NO_ISOLATION"
 # fastdl_lab.device.QUICK_VAR, named again here because importing the package would import torch
 # into this launcher: the labs' ungraded experiments at tiny sizes, passed on to the kernel.
 QUICK_VAR = "FASTDL_QUICK"
+# A notebook's first torch.compile on the CPU has inductor compile and load a test program for each
+# vector instruction set the CPU lists (about 6 s on the 2-core machines), every time: the kernel's
+# compiler cache is private and starts empty. The kernel takes the CPU's list as it is instead.
+INDUCTOR_TRUSTS_CPU_FLAGS = {"TORCHINDUCTOR_VEC_ISA_OK": "1"}
 
 
 class JailedKernelManager(AsyncKernelManager):
@@ -48,7 +52,7 @@ def _kernel_env(gpu: bool) -> dict[str, str]:
     return bwrap.environment(gpu=gpu, PYTHONPATH=bwrap.STUDENT_DIR, MPLBACKEND=os.environ.get("MPLBACKEND", "Agg"),
                              IPYTHONDIR=f"{job}/.ipython", JUPYTER_RUNTIME_DIR=f"{job}/.jupyter",
                              MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
-                             **passed_on)
+                             **INDUCTOR_TRUSTS_CPU_FLAGS, **passed_on)
 
 
 def _forward(proc: subprocess.Popen):
