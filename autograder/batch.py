@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path

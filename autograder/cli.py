@@ -106,7 +106,12 @@ def cmd_autograde(args) -> int:
 def cmd_feedback(args) -> int:
     course = _checked(_course(args))
     lab = load_lab(args.lab)
-    failures = pipeline.feedback(course, lab, args.student or None)
+    made = Progress(len(args.student or course.students(lab.name)), desc="feedback")
+    try:
+        failures = pipeline.feedback(course, lab, args.student or None,
+                                     progress=lambda done, total, text: made.line(done, total, shown(text)))
+    finally:
+        made.close()
     print(f"feedback for {lab.name} in {course.root / 'feedback'}")
     _print_failures(failures)
     return 0
@@ -141,8 +146,15 @@ def cmd_demo(args) -> int:
     jobs = [(lab.name, student) for lab in labs for student in demo_students(course, lab.name)]
     summary = _grade(course, jobs, args, profile=profiles.load(args.profile), seed=_seed(args))
     failures = list(summary.failures)
-    for lab in labs:
-        failures += pipeline.feedback(course, lab, [s for name, s in jobs if name == lab.name])
+    made = Progress(len(jobs), desc="feedback")
+    try:
+        for lab in labs:
+            students = [s for name, s in jobs if name == lab.name]
+            offset = made.done
+            failures += pipeline.feedback(course, lab, students,
+                                          progress=lambda i, _, text, offset=offset: made.line(offset + i, len(jobs), shown(text)))
+    finally:
+        made.close()
     csv_path, record_path = pipeline.write_report(course, demo / "report.csv")
     print(format_table(pipeline.report_rows(course)))
     print("\n".join(summary_lines(list(summary.graded.values()))))

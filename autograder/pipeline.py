@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from autograder import batch, notebook, records
 from autograder.course import Course
@@ -51,10 +49,14 @@ def lab_summary(lab: str, done: batch.BatchSummary) -> LabSummary:
     )
 
 
-def feedback(course: Course, lab: LabSpec, students: list[str] | None = None) -> list[str]:
-    """HTML feedback per student; returns the failures."""
+def feedback(course: Course, lab: LabSpec, students: list[str] | None = None,
+             progress: Callable[[int, int, str], None] | None = None) -> list[str]:
+    """HTML feedback per student; returns the failures. ``progress(done, total, line)`` follows it."""
     failures = []
-    for student in students or course.students(lab.name):
+    students = students or course.students(lab.name)
+    for done, student in enumerate(students, 1):
+        if progress:
+            progress(done, len(students), f"feedback {lab.name} {student}")
         # What nbgrader autograded may have been read through a link to another student's
         # notebook: feedback is made only for a submission the engine itself could read.
         try:

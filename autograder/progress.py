@@ -35,10 +35,12 @@ def describe(record: dict) -> str:
 
 
 class Progress:
-    """Call with (done, total, record) after each submission; ``close`` when the batch ends."""
+    """Call with (done, total, record) after each submission, or ``line`` with any text for other
+    work per student (feedback); ``close`` when the batch ends."""
 
     def __init__(self, total: int, *, stream: TextIO | None = None, desc: str = "grading"):
         self.stream = stream or sys.stderr
+        self.done = 0
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
@@ -46,7 +48,11 @@ class Progress:
             self.bar = tqdm(total=total, desc=desc, unit="submission", file=self.stream, dynamic_ncols=True)
 
     def __call__(self, done: int, total: int, record: dict) -> None:
-        line = f"[{done}/{total}] {describe(record)}"
+        self.line(done, total, describe(record))
+
+    def line(self, done: int, total: int, text: str) -> None:
+        self.done = done
+        line = f"[{done}/{total}] {text}"
         if self.bar is not None:
             self.bar.write(line, file=self.stream)
             self.bar.update(1)
