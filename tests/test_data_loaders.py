@@ -150,11 +150,13 @@ def test_shuffled_epochs_are_permutations_fixed_by_seed():
 
 
 def test_loader_throughput_counts_and_leaves_no_worker(corpus):
-    assert _children() == []
+    # Only what this test starts: earlier tests may leave helpers of the test process itself (e.g.
+    # multiprocessing's resource tracker, which lives as long as the process).
+    before = set(_children())
     ds = loaders.JpegDataset(corpus, size=24)
     result = loaders.loader_throughput(ds, batch_size=4, num_workers=2, persistent_workers=True, batches=3,
                                        epochs=2, threads=1)
-    assert _children() == []
+    assert set(_children()) <= before
     assert (result["images"], result["batches"], result["num_workers"]) == (24, 6, 2)
     assert result["persistent_workers"] and result["threads"] == 1
     assert result["images_per_s"] > 0 and result["later_first_batch_s"] is not None
@@ -168,13 +170,14 @@ def test_sweep_and_its_plot(corpus):
     import matplotlib
 
     matplotlib.use("Agg")
+    before = set(_children())
     ds = loaders.PreprocessedDataset(corpus[:8], size=16)
     configs = [{"num_workers": 0}, {"num_workers": 1}, {"num_workers": 1, "pin_memory": True}]
     rows = loaders.sweep(ds, configs, batch_size=4, batches=2)
     assert [(r["num_workers"], r["pin_memory"], r["images"]) for r in rows] == [(0, False, 8), (1, False, 8), (1, True, 8)]
     ax = loaders.plot_sweep(rows)
     assert len(ax.get_lines()) == 2 and ax.get_xlabel() == "num_workers"
-    assert _children() == []
+    assert set(_children()) <= before
 
 
 def test_benchmark_rows_have_one_set_of_columns():
