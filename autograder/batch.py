@@ -35,6 +35,9 @@ from autograder.jobs import JobSpec, grade_job, prepare_scratch
 NOT_GRADED = journal.NOT_GRADED
 # A job lost with its worker runs once more (the scheduler's allowed-failures; Dask's default is 3).
 RETRIES_AFTER_WORKER_LOSS = 1
+# Workers must be allowed children of their own: some items' trusted checks run a DataLoader with
+# worker processes (lab 06). A nanny reads this each time it starts or restarts its worker.
+NON_DAEMONIC_WORKERS = {"distributed.worker.daemon": False}
 
 
 @dataclass
@@ -95,19 +98,27 @@ def local_cluster(workers: int, gpu: bool):
     from distributed import Scheduler, SpecCluster
 
     # The scheduler reads this when it starts; a cluster of the instructor's sets it in its own config.
-    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_LOSS}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_LOSS, **NON_DAEMONIC_WORKERS}):
         return SpecCluster(
-            scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+            scheduler={"cls": Scheduler, "options": {"dashboard": False}},
             workers=worker_specs(workers, gpu),
             silence_logs=logging.ERROR,
         )
 
 
 def _dask(specs: list[JobSpec], *, workers: int, scheduler: str | None, gpu: bool) -> Iterator[dict]:
+    import dask
+
+    cluster = None if scheduler else local_cluster(workers, gpu)
+    # For the restarts of a local cluster's workers that die while it grades.
+    with dask.config.set(NON_DAEMONIC_WORKERS):
+        yield from _collect(specs, cluster, scheduler, gpu)
+
+
+def _collect(specs: list[JobSpec], cluster, scheduler: str | None, gpu: bool) -> Iterator[dict]:
     from distributed import Client, as_completed
     from distributed.scheduler import KilledWorker
 
-    cluster = None if scheduler else local_cluster(workers, gpu)
     try:
         with Client(scheduler or cluster, set_as_default=False) as client:
             resources = {"GPU": 1} if gpu else None
