@@ -1,8 +1,8 @@
 """The instructor's commands: autograde a lab for every student, make feedback, export a report.
 
-For each student, nbgrader autogrades the notebook (its record of the student's own test run,
-for formgrader), then the trusted engine grades every item from the submitted file and its score
-is written over nbgrader's (``jobs.py`` grades one submission, ``batch.py`` many, in parallel).
+For each student, nbgrader runs the notebook but its test cells (the executed notebook is the
+record formgrader and the feedback show), then the trusted engine grades every item from the
+submitted file and its score is written over nbgrader's (``jobs.py`` grades one submission, ``batch.py`` many, in parallel).
 A failure for one student is recorded and the batch goes on.
 """
 
