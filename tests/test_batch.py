@@ -74,16 +74,19 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     jobs = [(LAB, s) for s in students]
     before = set(descendants(os.getpid()))
     cluster = batch.local_cluster(2, gpu=False)
-    killed: list[str] = []  # keys of the jobs that were running on a killed worker
+    killed: list[str] = []  # keys of the jobs that were on a killed worker (running or queued)
+    kills: list[int] = []  # how many results were in when each kill came
     try:
         with Client(cluster, set_as_default=False) as spy:
             def kill_a_busy_worker(done, total, record):
-                if done not in (8, 20):
+                # The first kill after 8 results, the second after 20 or as soon as a worker qualifies.
+                if len(kills) >= 2 or done < (8, 20)[len(kills)]:
                     return
                 for address, keys in spy.processing().items():
-                    # Never the job a first kill already cost a worker: that one must be retried, not lost.
+                    # Never a worker holding a job a first kill already cost: that one must be retried, not lost.
                     if keys and not set(keys) & set(killed):
                         killed.extend(keys)
+                        kills.append(done)
                         pid = spy.run(os.getpid, workers=[address])[address]
                         os.kill(pid, signal.SIGKILL)
                         return
@@ -93,7 +96,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     finally:
         cluster.close()
 
-    assert len(killed) >= 2, "both kills found a busy worker"
+    assert len(kills) == 2 and kills[-1] < len(jobs), f"two busy workers killed mid-run: {kills}"
     # Exactly one final state per submission, all graded: the killed workers' jobs were given again.
     events = [json.loads(line) for line in (course.root / "runs" / f"{summary.run_id}.jsonl").read_text().splitlines()]
     finals = [(e["lab"], e["student"]) for e in events if e["event"] == "final"]
