@@ -72,6 +72,9 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
     for folder in (course.records, course.root):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "fastdl-adversarial-canary.json").write_text("{}")
+    # A run journal (autograder/journal.py): what --resume trusts to skip a submission.
+    (course.root / "runs").mkdir(exist_ok=True)
+    (course.root / "runs" / "fastdl-adversarial-canary.jsonl").write_text("")
     before = {p: p.stat().st_mtime_ns for p in course.root.rglob("*") if p.is_file()}
     student = f"adversary-{fixture.stem}"
     path = variant(course, lab, student, fixture)
