@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -30,7 +29,7 @@ from autograder import gradebook, journal, records
 from autograder.course import Course
 from autograder.engine import bwrap
 from autograder.engine.items import load_lab
-from autograder.jobs import JobSpec, grade_job, prepare_scratch
+from autograder.jobs import JobResult, JobSpec, grade_job, prepare_scratch
 
 NOT_GRADED = journal.NOT_GRADED
 # A job lost with its worker runs once more (the scheduler's allowed-failures; Dask's default is 3).
@@ -48,8 +47,6 @@ class BatchSummary:
     seconds: dict[tuple[str, str], float] = field(default_factory=dict)
     run_id: str = ""
 
-    def statuses(self) -> Counter:
-        return Counter(item["status"] for record in self.graded.values() for item in record["items"])
 
 
 def default_workers(profile: dict) -> int:
@@ -66,14 +63,13 @@ def _job_key(lab: str, student: str) -> str:
     return f"grade-{lab}-{hashlib.sha256(student.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}"
 
 
-def _serial(specs: list[JobSpec], **_) -> Iterator[dict]:
+def _serial(specs: list[JobSpec]) -> Iterator[dict]:
     for spec in specs:
         yield grade_job(spec)
 
 
 def _lost(spec: JobSpec, why: str) -> dict:
-    return {"lab": spec.lab, "student": spec.student, "error": records.clean_reason(why), "items": [],
-            "nbgrader": {}, "seconds": {}, "worker": ""}
+    return JobResult(spec.lab, spec.student, error=records.clean_reason(why)).as_dict()
 
 
 def worker_specs(workers: int, gpu: bool) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autograder import notebook, records
-from autograder.course import CONFIG, CELL_TIMEOUT_S, COURSE_ID, Course
+from autograder.course import Course, write_config
 from autograder.engine import kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import load_lab
@@ -87,10 +87,8 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
 
 
 def _write_scratch_config(root: Path) -> None:
-    (root / "nbgrader_config.py").write_text(CONFIG.format(
-        course_id=COURSE_ID, root=str(root), db_url=f"sqlite:///{root / 'gradebook.db'}",
-        timeout=CELL_TIMEOUT_S, records=str(root / "records"),
-    ))
+    # Always a SQLite file of its own, whatever gradebook URL the course or the environment names.
+    write_config(Course(root, f"sqlite:///{root / 'gradebook.db'}"))
 
 
 def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:
