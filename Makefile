@@ -21,7 +21,7 @@ export MPLCONFIGDIR := $(CACHE)/matplotlib
 export XDG_CACHE_HOME := $(CACHE)/xdg
 export MPLBACKEND := Agg
 
-.PHONY: demo test lab build venv clean sandbox-tool
+.PHONY: demo test lab lab-instructor grade progress build venv clean sandbox-tool
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON) (Python 3.11)"; exit 1; }
@@ -51,16 +51,32 @@ test: $(STAMP) sandbox-tool
 build: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder build
 
-# JupyterLab opens labs/*.py as notebooks through jupytext (MPLBACKEND is left to the kernel):
-# a double click on a .py file opens the Jupytext Notebook viewer.
+# Student mode: the release notebooks, copied once into the working folder (work/, kept by
+# `make clean` and ignored by git), run by the `fastdl-student` kernel, which imports the student
+# copy of the package (no solutions). MPLBACKEND is left to the kernel so plots show inline.
+WORK := $(CURDIR)/work
 LAB_SETTINGS := $(CACHE)/jupyter/lab-settings
 lab: $(STAMP)
+	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder workspace
+	cd $(WORK) && env -u MPLBACKEND ../$(BIN)/jupyter lab --allow-root --ServerApp.root_dir=$(WORK) \
+	  --MultiKernelManager.default_kernel_name=fastdl-student
+
+# Instructor mode: labs/*.py with their solutions, opened as notebooks through jupytext.
+lab-instructor: $(STAMP)
 	mkdir -p $(LAB_SETTINGS)/@jupyterlab/docmanager-extension
 	echo '{"defaultViewers": {"python": "Jupytext Notebook"}}' \
 	  > $(LAB_SETTINGS)/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
 	cd labs && env -u MPLBACKEND JUPYTERLAB_SETTINGS_DIR=$(LAB_SETTINGS) ../$(BIN)/jupyter lab --allow-root \
 	  --ServerApp.contents_manager_class=jupytext.TextFileContentsManager \
 	  --ContentsManager.default_jupytext_formats="py:percent"
+
+# Self-grading of the working copy: make grade LAB=02; make progress shows every lab.
+grade: $(STAMP) sandbox-tool
+	@test -n "$(LAB)" || { echo "say which lab: make grade LAB=02"; exit 2; }
+	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder check $(LAB)
+
+progress: $(STAMP)
+	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder progress
 
 clean:
 	rm -rf $(BUILD)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from autograder import batch, gradebook, journal, pipeline, profiles
-from autograder.course import ROOT, Course, build
+from autograder import batch, gradebook, journal, pipeline, profiles, tables
+from autograder.course import ROOT, Course, build, tool_env
 from autograder.engine.items import all_labs, load_lab
 from autograder.progress import Progress, shown, summary_lines
 
@@ -30,24 +32,18 @@ def _seed(args) -> int:
     return args.seed if args.seed is not None else fresh_seed()
 
 
-def format_table(rows: list[dict]) -> str:
-    lines = [f"{'student':<22} {'lab':<13} {'item':<20} {'score':>9}  {'status':<16} reason"]
-    for r in rows:
-        score = f"{r['score']:g}/{r['max_score']:g}"
-        reason = shown(r["reason"][:90])
-        lines.append(f"{shown(r['student']):<22} {r['lab']:<13} {r['item']:<20} {score:>9}  {r['status']:<16} {reason}")
-    lines.append("")
-    for (student, lab), t in sorted(pipeline.totals(rows).items()):
-        note = f"  ({t['left_out']:g} points need a GPU: left out of the total)" if t["left_out"] else ""
-        lines.append(f"total {shown(student):<22} {lab:<13} {t['score']:g}/{t['max']:g}{note}")
-    return "\n".join(lines)
-
-
 def _print_failures(failures: list[str]) -> None:
     if failures:
         print(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
         for f in failures:
-            print(f"  - {shown(f)}")
+            first, *rest = tables.wrapped(f, lines=3, indent="    ", note="(in the records)") or ["    "]
+            print("\n".join(["  - " + first.lstrip(), *rest]))
+
+
+def _print_seed(command: str, seed: int, profile: dict) -> None:
+    """The run's seed with the command that regrades it with the same hidden inputs."""
+    print(f"\nseed {seed} on the {profile['name']} profile; regrade identically with:\n"
+          f"  python -m autograder {command} --seed {seed} --profile {profile['name']}")
 
 
 def cmd_build(args) -> int:
@@ -97,9 +93,10 @@ def cmd_autograde(args) -> int:
     summary = _grade(course, jobs, args, profile=profile, seed=seed, run=run)
     students = {student for _, student in summary.jobs}
     rows = [r for r in pipeline.report_rows(course) if r["lab"] == lab.name and r["student"] in students]
-    print(format_table(rows))
+    print(tables.grade_table(rows))
     print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(summary.failures)
+    _print_seed(f"autograde {lab.name}", seed, profile)
     return 0
 
 
@@ -117,18 +114,27 @@ def cmd_feedback(args) -> int:
     return 0
 
 
+def report_paths(course: Course) -> dict[str, Path]:
+    """Where reports go unless told: beside the course folder (build/ for the default course),
+    never the directory the command happens to run in."""
+    return {"csv": course.root.parent / "report.csv", "html": course.root.parent / "dashboard.html"}
+
+
 def cmd_report(args) -> int:
     if not (args.csv or args.html):
-        args.report_parser.error("say what to write: --csv FILE, --html FILE, or both")
+        args.report_parser.error("say what to write: --csv [FILE], --html [FILE], or both")
     course = _course(args)
+    defaults = report_paths(course)
     if args.csv:
-        csv_path, record_path = pipeline.write_report(course, Path(args.csv))
+        target = defaults["csv"] if args.csv is True else Path(args.csv)
+        csv_path, record_path = pipeline.write_report(course, target)
         print(f"wrote {csv_path} and {record_path}")
     if args.html:
         # Imported here: matplotlib is needed by this command only.
         from autograder import dashboard, records
 
-        print(f"wrote {dashboard.write_html(records.read_all(course.records), Path(args.html))}")
+        target = defaults["html"] if args.html is True else Path(args.html)
+        print(f"wrote {dashboard.write_html(records.read_all(course.records), target)}")
     return 0
 
 
@@ -136,15 +142,15 @@ def cmd_demo(args) -> int:
     from autograder.submissions import demo_students
 
     started = time.monotonic()
-    demo = ROOT / "build" / "demo"
-    course = _checked(Course(Path(args.course) if args.course else demo / "course", args.db_url))
+    course = _checked(Course(Path(args.course) if args.course else ROOT / "build" / "demo" / "course", args.db_url))
     labs = [load_lab(name) for name in args.labs] if args.labs else list(all_labs().values())
     build(course, [lab.name for lab in labs])
     # Labs that compile the student's source take longest: they start first, so that no worker is
     # left with one at the end while the others wait.
     labs.sort(key=lambda lab: -max(item.build_s for item in lab.items))
     jobs = [(lab.name, student) for lab in labs for student in demo_students(course, lab.name)]
-    summary = _grade(course, jobs, args, profile=profiles.load(args.profile), seed=_seed(args))
+    profile, seed = profiles.load(args.profile), _seed(args)
+    summary = _grade(course, jobs, args, profile=profile, seed=seed)
     failures = list(summary.failures)
     made = Progress(len(jobs), desc="feedback")
     try:
@@ -155,12 +161,54 @@ def cmd_demo(args) -> int:
                                           progress=lambda i, _, text, offset=offset: made.line(offset + i, len(jobs), shown(text)))
     finally:
         made.close()
-    csv_path, record_path = pipeline.write_report(course, demo / "report.csv")
-    print(format_table(pipeline.report_rows(course)))
+    csv_path, record_path = pipeline.write_report(course, report_paths(course)["csv"])
+    print(tables.grade_table(pipeline.report_rows(course)))
     print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(failures)
+    where = f"--course {shlex.quote(str(course.root))} " if args.course else ""
+    _print_seed(f"{where}demo {' '.join(lab.name for lab in sorted(labs, key=lambda lab: lab.name))}", seed, profile)
     print(f"\nreport: {csv_path}\nrecords: {record_path}\nfeedback: {course.root / 'feedback'}")
     print(f"demo took {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from autograder import selfcheck
+
+    lab = load_lab(args.lab)
+    profile = profiles.load(args.profile)
+    try:
+        record = selfcheck.check(lab, Path(args.notebook) if args.notebook else None, course=_course(args),
+                                 profile=profile, isolated=not args.unsafe_no_isolation)
+    except selfcheck.CheckError as exc:
+        print(f"cannot check: {exc}", file=sys.stderr)
+        return 2
+    print(f"{lab.name}: {shown(record['notebook'])} on the {profile['name']} profile "
+          "(the course's grader, sandboxed, fresh hidden inputs; a self-check, not a grade)\n")
+    print(tables.check_report(record, selfcheck.HINTS))
+    _print_failures(record.get("failures", []))
+    print(f"\nkept in {selfcheck.progress_file(lab.name)}; all labs: python -m autograder progress")
+    return 0
+
+
+def cmd_progress(args) -> int:
+    from autograder import selfcheck
+    from autograder.course import lab_sources
+
+    profile = profiles.load(args.profile)["name"]
+    labs = {lab: selfcheck.item_progress(selfcheck.history(lab), profile) or None for lab in lab_sources()}
+    print(tables.progress_view(labs, profile))
+    return 0
+
+
+def cmd_workspace(args) -> int:
+    from autograder import selfstudy
+
+    course = _course(args)
+    made = selfstudy.prepare(course)
+    work = selfstudy.work_dir()
+    print(f"working folder {work}: {len(made)} new notebook(s), kernel '{selfstudy.KERNEL_NAME}' "
+          f"(student package {course.student_package})")
     return 0
 
 
@@ -203,11 +251,28 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_feedback)
 
     s = sub.add_parser("report", help="export grades (CSV) and/or an instructor's dashboard (HTML)")
-    s.add_argument("--csv", metavar="FILE", help="one row per student, lab and item: student, lab, item, "
-                                                 "score, max_score, status, reason (records beside it)")
-    s.add_argument("--html", metavar="FILE", help="one offline page: score distributions, totals, common "
-                                                  "failure reasons, speed-ups per hardware profile, grading time")
+    s.add_argument("--csv", metavar="FILE", nargs="?", const=True,
+                   help="one row per student, lab and item: student, lab, item, score, max_score, status, reason "
+                        "(records beside it; default FILE: report.csv beside the course folder, build/ by default)")
+    s.add_argument("--html", metavar="FILE", nargs="?", const=True,
+                   help="one offline page: score distributions, totals, common failure reasons, speed-ups per "
+                        "hardware profile, grading time (default FILE: dashboard.html beside the course folder)")
     s.set_defaults(func=cmd_report, report_parser=s)
+
+    s = sub.add_parser("check", help="self-study: grade your own notebook of LAB (default: work/LAB.ipynb) "
+                                     "with the course's grader; kept for `progress`, never in the gradebook")
+    s.add_argument("lab", help="a lab's number, topic or full name: 02, fusion, 02_fusion")
+    s.add_argument("--notebook", metavar="PATH", help="the notebook to check (default: the working copy)")
+    s.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
+    s.add_argument("--unsafe-no-isolation", action="store_true", help="check without the sandbox (your own code)")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("progress", help="self-study: which items pass in each lab, best speed-ups on this profile")
+    s.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
+    s.set_defaults(func=cmd_progress)
+
+    s = sub.add_parser("workspace", help="student mode: fresh release, working copies in work/, the student kernel")
+    s.set_defaults(func=cmd_workspace)
 
     s = sub.add_parser("demo", parents=[grading], help="build, grade the bundled demo submissions, report")
     s.add_argument("labs", nargs="*")
@@ -219,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     from autograder.engine.bwrap import IsolationUnavailable
 
     args = parser().parse_args(argv)
+    # nbgrader and its tools are run by name (alembic): this interpreter's bin first, whether or
+    # not the venv was activated.
+    os.environ["PATH"] = tool_env()["PATH"]
     try:
         return args.func(args)
     except gradebook.GradebookUnavailable as exc:

@@ -130,11 +130,38 @@ class Course:
     def nbgrader(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         """Run one nbgrader command in the course folder; the caller decides what failure means."""
         argv = [sys.executable, "-m", "nbgrader", *args]
-        return subprocess.run(argv, cwd=self.root, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, cwd=self.root, capture_output=True, text=True, timeout=timeout,
+                              env=tool_env())
+
+
+def tool_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with this interpreter's bin folder first on PATH: nbgrader
+    runs ``alembic`` by name, and a venv's python run by its path has not put its bin on PATH."""
+    env = dict(os.environ if env is None else env)
+    # Not resolved: a venv's python is a link to the base interpreter, whose bin has no alembic.
+    bin_dir = str(Path(sys.executable).parent)
+    parts = env.get("PATH", "").split(os.pathsep) if env.get("PATH") else []
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in parts if p != bin_dir)])
+    return env
 
 
 def lab_sources() -> dict[str, Path]:
-    return {p.stem: p for p in sorted((ROOT / "labs").glob("[0-9][0-9]_*.py"))}
+    """The registered labs (a grading spec under autograder/labs) and their jupytext files. A
+    registered lab without its file is an error; a file no spec registers is not a lab."""
+    from autograder.engine.items import all_labs
+
+    sources = {name: ROOT / "labs" / f"{name}.py" for name in all_labs()}
+    missing = [str(path.relative_to(ROOT)) for path in sources.values() if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"registered lab(s) without their notebook file: {', '.join(missing)}")
+    return sources
+
+
+def stray_lab_files() -> list[Path]:
+    """Files in labs/ that look like a lab but that no grading spec registers (a scratch copy such
+    as 'labs/01_gemm copy.py'): never built, released or graded."""
+    registered = set(lab_sources().values())
+    return sorted(p for p in (ROOT / "labs").glob("[0-9][0-9]_*.py") if p not in registered)
 
 
 def to_nbgrader_notebook(path: Path) -> nbformat.NotebookNode:
@@ -172,22 +199,51 @@ def write_config(course: Course) -> None:
     )
 
 
+def _first_missing(path: Path, root: Path) -> Path:
+    """The outermost folder of ``path``'s parents, below ``root``, that does not exist yet."""
+    missing = path.parent
+    while missing.parent != root and not missing.parent.exists():
+        missing = missing.parent
+    return missing
+
+
 def build(course: Course, labs: list[str] | None = None) -> list[str]:
-    """Make the source notebooks, the student release and the student copy of the package."""
-    write_config(course)
+    """Make the source notebooks, the student release and the student copy of the package.
+
+    A build that fails takes back what it created (the course folder, its gradebook file, the
+    failing lab's folders), so the next build starts from a clean state, not a half-made gradebook."""
     sources = lab_sources()
-    built = []
-    for lab, path in sources.items():
-        if labs and lab not in labs:
-            continue
-        target = course.source(lab)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(to_nbgrader_notebook(path), target)
-        done = course.nbgrader("generate_assignment", lab, "--force", "--CourseDirectory.create_assignment=True")
-        if done.returncode != 0:
-            raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{done.stdout}\n{done.stderr}")
-        built.append(lab)
-    strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
+    unknown = sorted(set(labs or ()) - set(sources))
+    if unknown:
+        raise ValueError(f"unknown lab(s) {', '.join(unknown)}; registered labs: {', '.join(sources)}")
+    for stray in stray_lab_files():
+        print(f"warning: {stray.relative_to(ROOT)} is not a registered lab (no spec in autograder/labs): "
+              "left out of the course", file=sys.stderr)
+    created = [p for p in (course.root, course.sqlite_file(), course.root / "nbgrader_config.py")
+               if p is not None and not os.path.lexists(p)]
+    built: list[str] = []
+    try:
+        write_config(course)
+        for lab, path in sources.items():
+            if labs and lab not in labs:
+                continue
+            created += [_first_missing(p, course.root) for p in (course.source(lab), course.release(lab))
+                        if not p.parent.exists()]
+            target = course.source(lab)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(to_nbgrader_notebook(path), target)
+            done = course.nbgrader("generate_assignment", lab, "--force", "--CourseDirectory.create_assignment=True")
+            if done.returncode != 0:
+                raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{done.stdout}\n{done.stderr}")
+            built.append(lab)
+        strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
+    except BaseException:
+        for path in reversed(created):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise
     return built
 
 

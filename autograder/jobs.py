@@ -14,7 +14,6 @@ scratch course (made once per batch by ``prepare_scratch``), with a SQLite grade
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -26,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autograder import notebook, records
-from autograder.course import Course, write_config
+from autograder.course import Course, tool_env, write_config
 from autograder.engine import kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import load_lab
@@ -74,7 +73,7 @@ class JobResult:
 
 
 def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[str, str]:
-    env = dict(os.environ)
+    env = tool_env()
     env[kernel_jail.STUDENT_PACKAGE_VAR] = str(student_package)
     # nbgrader's run is the student's own test record, not the grade: the notebook's ungraded
     # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the
@@ -100,7 +99,7 @@ def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:
     _write_scratch_config(root)
     argv = [sys.executable, "-m", "nbgrader", "generate_assignment", lab, "--force",
             "--CourseDirectory.create_assignment=True"]
-    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600, env=tool_env())
     if done.returncode != 0:
         raise RuntimeError(f"cannot prepare the scratch course of {lab}: {done.stderr[-1000:]}")
     return root

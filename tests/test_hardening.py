@@ -164,13 +164,6 @@ def test_gradebook_comment_renders_as_text(monkeypatch):
     assert "<script" not in shown and "<a " not in shown and "&lt;script&gt;" in shown
 
 
-def test_cli_table_keeps_one_line_per_row():
-    row = {"student": "eve\x1b[1A\nfake", "lab": LAB, "item": "f_test", "score": 2.0, "max_score": 2.0,
-           "status": "passed", "reason": "ok\rfake 9/9"}
-    table = cli.format_table([row])
-    assert "\x1b" not in table and "\r" not in table and len(table.splitlines()) == 4
-
-
 def test_duplicated_grade_ids_are_tampering():
     released = notebook.graded_cells(nb(cell("f_code", "raise NotImplementedError()", solution=True),
                                         cell("f_test", "assert f()", grade=True)))
