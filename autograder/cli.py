@@ -183,11 +183,11 @@ def cmd_check(args) -> int:
     except selfcheck.CheckError as exc:
         print(f"cannot check: {exc}", file=sys.stderr)
         return 2
-    print(f"{lab.name}: {shown(record['notebook'])} on the {profile['name']} profile "
-          "(the course's grader, sandboxed, fresh hidden inputs; a self-check, not a grade)\n")
+    print(f"{lab.name} on the {profile['name']} profile, graded by the course's grader (sandboxed, fresh hidden "
+          f"inputs)\nnotebook: {shown(record['notebook'])}\na self-check is feedback, not a grade\n")
     print(tables.check_report(record, selfcheck.HINTS))
     _print_failures(record.get("failures", []))
-    print(f"\nkept in {selfcheck.progress_file(lab.name)}; all labs: python -m autograder progress")
+    print(f"\nkept in {selfcheck.progress_file(lab.name)}\nall labs: python -m autograder progress")
     return 0
 
 

@@ -41,12 +41,12 @@ def _reason_shown(row: dict) -> bool:
 
 def grade_table(rows: list[dict]) -> str:
     """One line per student, lab and item, its reason wrapped beneath, then each total."""
-    head = f"{'student':<16} {'lab':<18} {'item':<22} {'score':>9}  {'status':<14}"
+    head = f"{'student':<16} {'lab':<18} {'item':<22} {'score':>9}  status"
     lines = [head, "-" * len(head)]
     for r in rows:
         score = f"{score_text(r['score'])}/{score_text(r['max_score'])}"
         lines.append(f"{fit(r['student'], 16):<16} {fit(r['lab'], 18):<18} {fit(r['item'], 22):<22} {score:>9}  "
-                     f"{fit(r['status'], 14):<14}")
+                     f"{fit(r['status'], 14)}")
         if _reason_shown(r):
             lines += wrapped(r["reason"], note="(all of it in the CSV)")
     lines.append("")
@@ -58,10 +58,10 @@ def grade_table(rows: list[dict]) -> str:
 
 def check_report(record: dict, hints: dict[str, str]) -> str:
     """A self-check: one line per item with its verdict, the reason and a hint beneath."""
-    lines = [f"{'item':<24} {'score':>9}  {'status':<14}"]
+    lines = [f"{'item':<24} {'score':>9}  status"]
     for item in record["items"]:
         score = f"{score_text(item['score'])}/{score_text(item['max_score'])}"
-        lines.append(f"{fit(item['item'], 24):<24} {score:>9}  {fit(item['status'], 14):<14}")
+        lines.append(f"{fit(item['item'], 24):<24} {score:>9}  {fit(item['status'], 14)}")
         if item["status"] != "passed" or item["reason"] not in ("", "correct"):
             lines += wrapped(item["reason"], lines=3)
         if item["status"] != "passed" and item["status"] in hints:
