@@ -140,4 +140,4 @@ def test_cli_report_needs_csv_or_html(graded_course, capsys):
     with pytest.raises(SystemExit) as stopped:
         cli.main(["--course", str(graded_course), "report"])
     assert stopped.value.code == 2
-    assert "--csv FILE, --html FILE, or both" in capsys.readouterr().err
+    assert "--csv [FILE], --html [FILE], or both" in capsys.readouterr().err
