@@ -16,7 +16,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from autograder import course as course_module
 from autograder import selfcheck, selfstudy, tables
 from autograder.course import ROOT, Course, build, lab_sources, stray_lab_files
-from autograder.engine.items import all_labs, load_lab
+from autograder.engine.items import all_labs
 from autograder.strip import strip_package
 
 
