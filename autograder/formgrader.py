@@ -19,7 +19,7 @@ import sys
 
 import nbformat
 from nbconvert.preprocessors import Preprocessor
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 from autograder import gradebook
 from autograder.course import ROOT, Course
@@ -29,6 +29,8 @@ PIPELINE_TIMEOUT_S = 3600
 
 
 class TrustedAutograde(Preprocessor):
+    # nbconvert preprocessors are off unless enabled; this one stands in for nbgrader's Execute.
+    enabled = Bool(True).tag(config=True)
     course_root = Unicode("", help="the course folder the gradebook and records belong to").tag(config=True)
     profile = Unicode("", help="hardware profile to grade with (empty: this machine's)").tag(config=True)
 
