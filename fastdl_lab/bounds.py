@@ -84,19 +84,18 @@ class _Launch:
         raise OutOfBoundsAccess(self._describe(kind, bad, int((~inside).sum()), int(active.size), program))
 
     def _describe(self, kind: str, address: int, n_bad: int, n_active: int, program) -> str:
-        where = f"kernel '{self.kernel}', program {tuple(program)}"
+        where = f"out-of-bounds {kind} in kernel '{self.kernel}' (program {tuple(int(i) for i in program)})"
         if not self.storages:
-            return f"{where}: {kind} through a pointer, but the launch was given no tensor"
+            return f"{where}: the launch was given no tensor"
         entry = min(self.storages, key=lambda e: 0 if e["start"] <= address < e["end"]
                     else min(abs(address - e["start"]), abs(address - e["end"])))
         name, base, itemsize, dtype = entry["names"][0]
         offset = (address - base) // itemsize if address >= base else -((base - address) // itemsize)
         first = (entry["start"] - base) // itemsize if entry["start"] >= base else -((base - entry["start"]) // itemsize)
         last = (entry["end"] - base) // itemsize - 1
-        also = f" (storage shared with {', '.join(repr(n) for n, *_ in entry['names'][1:])})" if len(entry["names"]) > 1 else ""
-        return (f"{where}: out-of-bounds {kind} on '{name}'{also} at element offset {offset}; its storage holds "
-                f"elements {first}..{last} ({dtype}). {n_bad} of the {n_active} unmasked lanes of this {kind} fall "
-                "outside every tensor of the launch: is a mask missing or wrong?")
+        shared = f" (shared with {', '.join(repr(n) for n, *_ in entry['names'][1:])})" if len(entry["names"]) > 1 else ""
+        return (f"{where}: '{name}'{shared} at element {offset}, outside its elements {first}..{last} "
+                f"({str(dtype).replace('torch.', '')}); {n_bad} of {n_active} unmasked lanes out: is a mask missing?")
 
 
 _state = {"installed": False, "launch": None, "off": 0}
