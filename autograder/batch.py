@@ -158,8 +158,9 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
                          nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""))
     if not result.get("error"):
         try:
-            gradebook.write_scores(course.db_url, lab, student, items, auto_grades=result.get("auto_grades"),
-                                   auto_comments=result.get("auto_comments"))
+            summary.failures += gradebook.write_scores(course.db_url, lab, student, items,
+                                                       auto_grades=result.get("auto_grades"),
+                                                       auto_comments=result.get("auto_comments"))
         except Exception as exc:  # noqa: BLE001 - the record and report still hold the verdicts
             summary.failures.append(f"{lab_name} {student}: gradebook not updated: {records.clean_reason(exc)}")
     run.finish(lab_name, student, NOT_GRADED if result.get("error") else journal.GRADED,

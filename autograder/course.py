@@ -33,6 +33,7 @@ TEST_DEFAULTS = {"grade": True, "locked": True, "schema_version": 3, "solution":
 CONFIG = """\
 # Written by `python -m autograder build`; edit autograder/course.py instead.
 from autograder.execute import autograde_preprocessors
+from autograder.formgrader import TrustedAutograde
 from autograder.feedback import ClearHiddenTestsInTestCells, TrustedVerdicts
 from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -47,13 +48,25 @@ c.Execute.interrupt_on_timeout = True
 c.Execute.allow_errors = True
 # The student's notebook is student code: its kernel starts in the grader's sandbox.
 c.Execute.kernel_manager_class = "autograder.engine.kernel_jail.JailedKernelManager"
-# The trusted engine grades every test cell's item: nbgrader's run executes the other cells only.
-c.Autograde.autograde_preprocessors = autograde_preprocessors()
+{autograde}
 # A test cell a student deleted comes back from the source; the trusted engine still costs it.
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False
 c.GenerateFeedback.preprocessors = [ClearHiddenTestsInTestCells, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
 c.TrustedVerdicts.records_dir = {records!r}
+"""
+
+# In the course, nbgrader's autograde (formgrader's button, `nbgrader autograde`) is the trusted
+# pipeline; in a grading job's scratch course it is the sandboxed run of the notebook the pipeline
+# starts (autograder/jobs.py), which must not start the pipeline again.
+COURSE_AUTOGRADE = """\
+# nbgrader's autograde runs the trusted pipeline (autograder/formgrader.py): the engine's verdicts are the scores.
+c.Autograde.autograde_preprocessors = autograde_preprocessors(execute=TrustedAutograde, save=None)
+c.TrustedAutograde.course_root = {root!r}
+"""
+SCRATCH_AUTOGRADE = """\
+# The trusted engine grades every test cell's item: nbgrader's run executes the other cells only.
+c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 
 
@@ -184,7 +197,9 @@ def to_nbgrader_notebook(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def write_config(course: Course) -> None:
+def write_config(course: Course, *, scratch: bool = False) -> None:
+    """The course's ``nbgrader_config.py``; ``scratch``: the config of a grading job's scratch course,
+    whose autograde only executes the notebook."""
     course.root.mkdir(parents=True, exist_ok=True)
     config = course.root / "nbgrader_config.py"
     if gradebook.has_password(course.db_url):
@@ -195,6 +210,7 @@ def write_config(course: Course) -> None:
         CONFIG.format(
             course_id=COURSE_ID, root=str(course.root), db_url=course.db_url,
             timeout=CELL_TIMEOUT_S, records=str(course.records),
+            autograde=(SCRATCH_AUTOGRADE if scratch else COURSE_AUTOGRADE).format(root=str(course.root)),
         )
     )
 

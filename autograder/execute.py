@@ -7,15 +7,17 @@ over nbgrader's score. Re-running the tests in the student's kernel repeats that
 visible inputs (lab 09's test builds the student's C++ a second time), so nbgrader's run executes
 everything else, for the record formgrader shows, and leaves each test cell a note instead.
 
-The note is written to stderr on purpose: nbgrader scores a test cell with stderr output as zero,
-so until the engine's verdict is in the gradebook the item counts nothing, as an unrun test should.
+nbgrader's own scoring of a test cell (``utils.determine_grade``: full marks without error output,
+partial credit for a float as the cell's result) never runs either: ``SaveGradesOfOtherCells``
+leaves test cells to the engine, so nothing the student's process prints or returns can become a
+score. Until the engine's verdict is in the gradebook the item has no score.
 """
 
 from __future__ import annotations
 
 from nbformat.v4 import new_output
 from nbgrader.converters import Autograde
-from nbgrader.preprocessors import Execute
+from nbgrader.preprocessors import Execute, SaveAutoGrades
 
 from autograder.feedback import is_test_cell
 
@@ -35,9 +37,22 @@ class ExecuteUngradedCells(Execute):
         return super().preprocess_cell(cell, resources, index)
 
 
-def autograde_preprocessors() -> list:
-    """nbgrader's own autograde steps with its Execute replaced, for ``c.Autograde.autograde_preprocessors``."""
+class SaveGradesOfOtherCells(SaveAutoGrades):
+    """nbgrader's SaveAutoGrades for every graded cell except the test cells, whose items the engine
+    scores: their grades are left as they are (empty in nbgrader's scratch run)."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if is_test_cell(cell):
+            return cell, resources
+        return super().preprocess_cell(cell, resources, cell_index)
+
+
+def autograde_preprocessors(execute=ExecuteUngradedCells, save=SaveGradesOfOtherCells) -> list:
+    """nbgrader's own autograde steps with its Execute and SaveAutoGrades replaced (``None`` drops
+    the step), for ``c.Autograde.autograde_preprocessors``."""
     steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
-    if Execute not in steps:
-        raise RuntimeError("this nbgrader's autograde has no Execute step to replace")
-    return [ExecuteUngradedCells if step is Execute else step for step in steps]
+    for step in (Execute, SaveAutoGrades):
+        if step not in steps:
+            raise RuntimeError(f"this nbgrader's autograde has no {step.__name__} step to replace")
+    replaced = {Execute: execute, SaveAutoGrades: save}
+    return [replaced.get(step, step) for step in steps if replaced.get(step, step) is not None]

@@ -4,9 +4,12 @@ The gradebook is any database SQLAlchemy opens: a SQLite file in the course fold
 a PostgreSQL database (``FASTDL_GRADEBOOK_URL`` or ``--db-url``) for many writers at once. A URL
 may hold a password, so every URL shown to people goes through ``masked``.
 
-Each item's score goes into ``manual_score`` of its test cell, which nbgrader ranks above its
-automatic score (zero: nbgrader's run leaves test cells unrun, ``autograder.execute``), so
-formgrader, feedback and grade exports all show the engine's figure. The reasons become comments on the item's solution cells.
+Each item's score goes into both ``auto_score`` and ``manual_score`` of its test cell (nbgrader
+ranks the manual one first), so formgrader, feedback and grade exports all show the engine's
+figure and no figure of nbgrader's own run of the notebook survives beside it. An item the profile
+does not grade (a speed item without a GPU) is worth nothing in the gradebook: its test cell's
+maximum is set to 0, so the gradebook's total is the engine's (6/13, not 6/15), and its comment
+says the points were left out. The reasons become comments on the item's solution cells.
 """
 
 from __future__ import annotations
@@ -135,9 +138,12 @@ def comment_line(item: str, status: str, reason: object) -> str:
 
 
 def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *,
-                 auto_grades: dict | None = None, auto_comments: dict | None = None) -> None:
+                 auto_grades: dict | None = None, auto_comments: dict | None = None) -> list[str]:
     """The engine's ``results`` as the scores of ``student``'s submission of ``lab``; ``auto_grades``
-    and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them."""
+    and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them
+    for cells that are no engine item. Returns warnings for the instructor (not grades)."""
+    items = {item.name for item in lab.items}
+    warnings_out: list[str] = []
     with Gradebook(db_url) as gb:
         gb.update_or_create_student(student)
         try:
@@ -150,6 +156,8 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
                 warnings.simplefilter("ignore", category=SAWarning)
                 gb.add_submission(lab.name, student)
         for cell, score in (auto_grades or {}).items():
+            if cell in items:
+                continue  # the engine's verdict is this cell's score, whatever the notebook's run showed
             try:
                 gb.find_grade(cell, lab.name, lab.name, student).auto_score = score
             except MissingEntry:
@@ -158,8 +166,12 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
         for result in results:
             item = lab.item(result["item"])
             grade = gb.find_grade(item.name, lab.name, lab.name, student)
-            grade.manual_score = result["score"] if result["counted"] else 0.0
+            score = result["score"] if result["counted"] else 0.0
+            grade.auto_score = grade.manual_score = score
             grade.needs_manual_grade = False
+            stranded = _set_counted(gb, lab.name, item.name, item.points if result["counted"] else 0.0)
+            if stranded:
+                warnings_out.append(f"{lab.name} {student}: {stranded}")
             for cell in item.cells:
                 comments.setdefault(cell, []).append(comment_line(item.name, result["status"], result["reason"]))
         for cell, lines in comments.items():
@@ -169,3 +181,19 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
                 continue
             comment.auto_comment = "\n".join(filter(None, [(auto_comments or {}).get(cell), *lines]))
         gb.db.commit()
+    return warnings_out
+
+
+def _set_counted(gb: Gradebook, lab: str, item: str, points: float) -> str:
+    """Make ``item``'s test cell worth ``points`` in ``lab``: its full points where the profile grades
+    it, 0 where it is left out. The maximum belongs to the assignment, not to one submission, so a
+    lab graded on two kinds of hardware cannot show both: say so when the change strands a score."""
+    cell = gb.find_grade_cell(item, lab, lab)
+    if cell.max_score == points:
+        return ""
+    cell.max_score = points
+    over = sorted(g.student.id for g in cell.grades if (g.score or 0.0) > points)
+    if not over:
+        return ""
+    return (f"'{item}' is now worth {points:g} points (this profile), but {len(over)} submission(s) graded "
+            f"on another profile hold more ({', '.join(over[:3])}): regrade the lab on one profile")

@@ -87,7 +87,7 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
 
 def _write_scratch_config(root: Path) -> None:
     # Always a SQLite file of its own, whatever gradebook URL the course or the environment names.
-    write_config(Course(root, f"sqlite:///{root / 'gradebook.db'}"))
+    write_config(Course(root, f"sqlite:///{root / 'gradebook.db'}"), scratch=True)
 
 
 def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:

@@ -45,9 +45,15 @@ def has_gpu() -> bool:
 
 
 def enable_interpreter_if_no_gpu() -> bool:
+    """Switch Triton to its interpreter when there is no GPU; under the interpreter, kernels run
+    checked (``fastdl_lab.bounds``): an out-of-bounds access raises instead of killing the process."""
     if not has_gpu():
         # setdefault: a user who exported TRITON_INTERPRET=0 on purpose keeps their choice.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if interpreting():
+        from fastdl_lab import bounds
+
+        bounds.install_when_interpreting()
     return interpreting()
 
 

@@ -5,13 +5,14 @@ import ast
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
-from nbgrader.preprocessors import Execute
+from nbgrader.preprocessors import Execute, SaveAutoGrades
 from nbgrader.utils import determine_grade
 
 from autograder.course import lab_sources, to_nbgrader_notebook
 from autograder.engine.items import all_labs
-from autograder.execute import NOT_RUN, ExecuteUngradedCells, autograde_preprocessors
+from autograder.execute import NOT_RUN, ExecuteUngradedCells, SaveGradesOfOtherCells, autograde_preprocessors
 from autograder.feedback import is_test_cell
+from autograder.formgrader import TrustedAutograde
 
 
 def graded(source, grade_id, **meta):
@@ -33,12 +34,31 @@ def test_test_cells_are_left_a_note_and_every_other_cell_runs(tmp_path):
     assert after.outputs[0]["text"] == "42\n" and solution.execution_count == 1
 
 
-def test_only_nbgraders_execute_step_is_replaced():
+def test_only_nbgraders_execute_and_save_steps_are_replaced():
     steps = autograde_preprocessors()
-    assert ExecuteUngradedCells in steps and Execute not in steps
+    assert ExecuteUngradedCells in steps and Execute not in steps and SaveAutoGrades not in steps
     assert [s.__name__ for s in steps if s is not ExecuteUngradedCells] == [
-        "IgnorePattern", "ClearMetadataPreprocessor", "LimitOutput", "SaveAutoGrades", "AssignLatePenalties",
+        "IgnorePattern", "ClearMetadataPreprocessor", "LimitOutput", "SaveGradesOfOtherCells", "AssignLatePenalties",
         "CheckCellMetadata"]
+    # In the course folder, nbgrader's autograde is the trusted pipeline and saves nothing of its own.
+    course_steps = autograde_preprocessors(execute=TrustedAutograde, save=None)
+    assert course_steps[0] is TrustedAutograde and not {Execute, SaveAutoGrades, SaveGradesOfOtherCells} & set(course_steps)
+
+
+def test_a_test_cells_output_never_becomes_its_score(monkeypatch):
+    """A test cell whose result is a float would be partial credit for nbgrader; its grade is left alone."""
+    touched = []
+    monkeypatch.setattr(SaveAutoGrades, "_add_score", lambda self, cell, resources: touched.append(cell))
+    monkeypatch.setattr(SaveAutoGrades, "_add_comment", lambda self, cell, resources: None)
+    float_tail = graded("f()\n0.5", "f_test", solution=False, grade=True)
+    float_tail.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "0.5"}, execution_count=1)]
+    assert determine_grade(float_tail) == (0.5, 2)  # what nbgrader alone would have written: partial credit
+    manual = graded("", "essay", solution=True, grade=True)
+    save = SaveGradesOfOtherCells()
+    save.preprocess_cell(float_tail, {}, 0)
+    assert touched == []
+    save.preprocess_cell(manual, {}, 1)
+    assert touched == [manual]
 
 
 @pytest.fixture(scope="module")

@@ -151,6 +151,9 @@ class FakeGradebook:
     def find_comment(self, *args):
         return self.comment
 
+    def find_grade_cell(self, *args):
+        return type("GradeCell", (), {"max_score": 2.0, "grades": []})()
+
 
 def test_gradebook_comment_renders_as_text(monkeypatch):
     books = []
