@@ -17,6 +17,7 @@ import warnings
 from urllib.parse import unquote
 
 from nbgrader.api import Base, Gradebook, MissingEntry
+from nbgrader.utils import parse_utc
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
@@ -135,9 +136,12 @@ def comment_line(item: str, status: str, reason: object) -> str:
 
 
 def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *,
-                 auto_grades: dict | None = None, auto_comments: dict | None = None) -> None:
+                 auto_grades: dict | None = None, auto_comments: dict | None = None,
+                 timestamp: str | None = None) -> None:
     """The engine's ``results`` as the scores of ``student``'s submission of ``lab``; ``auto_grades``
-    and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them."""
+    and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them.
+    ``timestamp`` is the submission's time from nbgrader's exchange: formgrader shows a submission
+    whose time differs from its gradebook entry as not graded yet, with no score."""
     with Gradebook(db_url) as gb:
         gb.update_or_create_student(student)
         try:
@@ -149,6 +153,8 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
                 # nbgrader's add_submission trips SQLAlchemy's autoflush warnings on every call; harmless.
                 warnings.simplefilter("ignore", category=SAWarning)
                 gb.add_submission(lab.name, student)
+        if timestamp is not None:
+            gb.find_submission(lab.name, student).timestamp = parse_utc(timestamp)
         for cell, score in (auto_grades or {}).items():
             try:
                 gb.find_grade(cell, lab.name, lab.name, student).auto_score = score

@@ -161,6 +161,19 @@ def read_exchange_note(folder: Path, name: str) -> str | None:
     return text
 
 
+def copy_exchange_notes(submitted: Path, autograded: Path) -> str | None:
+    """Put the exchange's notes of the submission in folder ``submitted`` beside its autograded
+    notebook, as nbgrader's autograde does; returns the submission's time, if it has one.
+    formgrader counts a submission as graded only when the gradebook holds that same time, and
+    nbgrader releases feedback under it and the secret."""
+    notes = {name: read_exchange_note(submitted, name) for name in EXCHANGE_NOTES}
+    for name, text in notes.items():
+        if text is not None:
+            Path(autograded).mkdir(parents=True, exist_ok=True)
+            (Path(autograded) / name).write_text(text)
+    return notes["timestamp.txt"]
+
+
 def _normalise(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
 

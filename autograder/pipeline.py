@@ -69,16 +69,10 @@ def feedback(course: Course, lab: LabSpec, students: list[str] | None = None,
             # nbgrader could not execute this notebook; feedback starts from the submission.
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(nb))
-        # nbgrader files released feedback under the submission's time and secret, which the
-        # student fetches it by: they travel to the autograded folder, as nbgrader's autograde does.
-        for name in notebook.EXCHANGE_NOTES:
-            try:
-                note = notebook.read_exchange_note(course.submitted(student, lab.name).parent, name)
-            except notebook.NotebookError as exc:
-                failures.append(f"{student}: feedback cannot be released: {records.clean_reason(exc)}")
-                continue
-            if note is not None:
-                (target.parent / name).write_text(note)
+        try:
+            notebook.copy_exchange_notes(course.submitted(student, lab.name).parent, target.parent)
+        except notebook.NotebookError as exc:
+            failures.append(f"{student}: feedback cannot be released: {records.clean_reason(exc)}")
         done = course.nbgrader("generate_feedback", lab.name, "--student", student, "--force")
         if done.returncode != 0:
             failures.append(f"{student}: nbgrader generate_feedback failed: {done.stderr[-500:]}")
