@@ -45,6 +45,9 @@ course_dir = setting("FASTDL_COURSE_DIR", "/srv/fastdl/course")
 student_package = setting("FASTDL_STUDENT_PACKAGE", "/opt/fastdl/student")
 instructor_package = setting("FASTDL_INSTRUCTOR_PACKAGE", "/opt/fastdl/instructor")
 python_bin = Path(setting("FASTDL_PYTHON_BIN", str(Path(sys.executable).parent)))
+# Every role's Jupyter and nbgrader settings (deploy/jupyter): the image keeps a copy everyone can
+# read, since its copy of deploy/ lies in the instructors' part.
+settings_dir = Path(setting("FASTDL_JUPYTER_SETTINGS", str(HERE / "jupyter")))
 instructors = roster("FASTDL_INSTRUCTORS", "instructor")
 students = roster("FASTDL_STUDENTS", "")
 overlap = set(instructors) & set(students)
@@ -89,7 +92,7 @@ c.Spawner.env_keep = ["LANG", "LC_ALL"]
 def base_environment(role: str) -> dict[str, str]:
     """What every server of ``role`` (student, instructor, grader) needs: the course's Python first
     on PATH (nbgrader calls `alembic` by name), the role's Jupyter and nbgrader settings, the exchange."""
-    config_path = os.pathsep.join([str(HERE / "jupyter" / role), str(HERE / "jupyter" / "course")])
+    config_path = os.pathsep.join([str(settings_dir / role), str(settings_dir / "course")])
     return {
         "PATH": os.pathsep.join([str(python_bin), "/usr/local/bin", "/usr/bin", "/bin"]),
         "JUPYTER_CONFIG_PATH": config_path,

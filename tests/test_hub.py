@@ -311,3 +311,18 @@ def test_exchange_notes_are_read_like_submissions(tmp_path):
     os.mkfifo(tmp_path / "submission_secret.txt")
     with pytest.raises(notebook.NotebookError, match="refused"):
         notebook.read_exchange_note(tmp_path, "submission_secret.txt")
+
+
+def test_image_environment_holds_no_copy_of_the_package():
+    """Whatever environment.yml installs, every student can read: the package (solutions included)
+    must come from the image's per-role folders instead, and the pins must be pyproject's."""
+    import tomllib
+
+    import yaml
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert [p for p in pip if p.startswith(("-e", ".", "/", "file:")) or "fastdl" in p] == []
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["hub"])
+    assert wanted - set(pip) == set()
