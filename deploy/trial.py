@@ -15,6 +15,7 @@ import importlib.util
 import os
 import secrets
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -50,6 +51,18 @@ class Trial:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports nothing listens on now (the OS picks them)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def missing_prerequisites() -> list[str]:
@@ -119,6 +132,10 @@ def banner(trial: Trial, password: str) -> str:
     ])
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, default=8000, help="the hub's address on 127.0.0.1 (default 8000)")
@@ -130,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print("cannot start the hub:\n  - " + "\n  - ".join(missing), file=sys.stderr)
         return 2
-    names = lambda text: tuple(n.strip() for n in text.split(",") if n.strip())  # noqa: E731
-    trial = Trial(ROOT / "build" / "hub", port=args.port, instructors=names(args.instructors), students=names(args.students))
+    # Only the public port is chosen; the hub's internal ones must merely be free.
+    api_port, proxy_api_port, formgrader_port = free_ports(3)
+    trial = Trial(ROOT / "build" / "hub", port=args.port, api_port=api_port, proxy_api_port=proxy_api_port,
+                  formgrader_port=formgrader_port, instructors=_names(args.instructors), students=_names(args.students))
     prepare(trial, rebuild=args.rebuild)
     password = secrets.token_urlsafe(9)
     print(banner(trial, password), flush=True)

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -46,17 +45,6 @@ def load_module(name: str, path: Path):
 
 
 trial = load_module("fastdl_trial", ROOT / "deploy" / "trial.py")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Hub:
@@ -114,7 +102,7 @@ def wait_until_up(url: str, process: subprocess.Popen, log: Path, timeout: float
 def stop(process: subprocess.Popen) -> list[str]:
     """Stop the hub as Ctrl-C would and return what it left running (then killed here): the
     proxy, servers, the formgrader service or their kernels."""
-    mine = [p for p in psutil.Process(process.pid).children(recursive=True)]
+    mine = psutil.Process(process.pid).children(recursive=True)
     process.terminate()
     try:
         process.wait(timeout=60)
@@ -122,9 +110,14 @@ def stop(process: subprocess.Popen) -> list[str]:
         process.kill()
         process.wait()
     _, alive = psutil.wait_procs(mine, timeout=10)
-    left = [f"{p.pid} {' '.join(p.cmdline()[:3])}" for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    left = []
     for p in alive:
-        p.kill()
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline()[:3])}")
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
     psutil.wait_procs(alive, timeout=10)
     return left
 
@@ -134,7 +127,7 @@ def hub(tmp_path_factory):
     missing = trial.missing_prerequisites()
     if missing:
         pytest.skip("no JupyterHub here: " + "; ".join(missing))
-    port, api_port, proxy_api_port, formgrader_port = free_ports(4)
+    port, api_port, proxy_api_port, formgrader_port = trial.free_ports(4)
     setup = trial.Trial(tmp_path_factory.mktemp("hub"), port=port, api_port=api_port, proxy_api_port=proxy_api_port,
                         formgrader_port=formgrader_port, instructors=(INSTRUCTOR,), students=(STUDENT, "student2"))
     trial.prepare(setup, [LAB])
