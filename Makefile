@@ -21,7 +21,7 @@ export MPLCONFIGDIR := $(CACHE)/matplotlib
 export XDG_CACHE_HOME := $(CACHE)/xdg
 export MPLBACKEND := Agg
 
-.PHONY: demo test lab lab-instructor grade progress build venv clean sandbox-tool
+.PHONY: demo test lab lab-instructor grade progress build venv clean sandbox-tool hub hub-proxy
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON) (Python 3.11)"; exit 1; }
@@ -45,7 +45,7 @@ sandbox-tool:
 demo: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder demo
 
-test: $(STAMP) sandbox-tool
+test: $(STAMP) sandbox-tool hub-proxy
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 build: $(STAMP) sandbox-tool
@@ -77,6 +77,30 @@ grade: $(STAMP) sandbox-tool
 
 progress: $(STAMP)
 	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder progress
+
+# JupyterHub's proxy is a Node program from the npm registry, kept under build/cache (never installed
+# globally). Without Node and no way to install it, `make test` goes on and the hub test says why it skips.
+PROXY_PREFIX := $(CACHE)/npm
+PROXY := $(PROXY_PREFIX)/node_modules/.bin/configurable-http-proxy
+hub-proxy:
+	@test -x $(PROXY) || { \
+	  command -v npm >/dev/null || { \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	      echo "installing Node.js and npm, which run JupyterHub's proxy"; \
+	      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	    fi; }; \
+	  if command -v npm >/dev/null; then \
+	    echo "installing configurable-http-proxy into $(PROXY_PREFIX)"; \
+	    npm install --silent --no-audit --no-fund --prefix $(PROXY_PREFIX) configurable-http-proxy@5 || \
+	      echo "npm could not install configurable-http-proxy: 'make hub' and the hub test need it"; \
+	  else \
+	    echo "npm is missing and cannot be installed from here: run 'sudo apt-get install nodejs npm'." \
+	         "Until then 'make hub' cannot start and the hub test is skipped."; \
+	  fi; }
+
+# The course's JupyterHub on 127.0.0.1:8000 to try it (deploy/trial.py; HUB_ARGS="--port 8001 --rebuild").
+hub: $(STAMP) sandbox-tool hub-proxy
+	$(BIN)/python deploy/trial.py $(HUB_ARGS)
 
 clean:
 	rm -rf $(BUILD)

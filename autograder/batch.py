@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autograder import gradebook, journal, records
+from autograder import gradebook, journal, notebook, records
 from autograder.course import Course
 from autograder.engine import bwrap
 from autograder.engine.items import load_lab
@@ -141,6 +141,7 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
     lab_name, student = result["lab"], result["student"]
     lab = load_lab(lab_name)
     nb_run = {**result.get("nbgrader", {}), "seconds": result.get("seconds", {}).get("nbgrader")}
+    timestamp = None
     if result.get("error"):
         items = [{"item": it.name, "score": 0.0, "max_score": it.points, "status": NOT_GRADED,
                   "reason": result["error"], "counted": True, "wall_s": 0.0, "details": {}}
@@ -154,13 +155,18 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
             target = course.autograded(student, lab_name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(result["autograded"], encoding="utf-8")
+        try:
+            timestamp = notebook.copy_exchange_notes(course.submitted(student, lab_name).parent,
+                                                     course.autograded(student, lab_name).parent)
+        except notebook.NotebookError as exc:
+            summary.failures.append(f"{lab_name} {student}: {records.clean_reason(exc)}")
     path = records.write(course.records, lab_name, student, profile=profile["name"], seed=run.seed, items=items,
                          nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""))
     if not result.get("error"):
         try:
             summary.failures += gradebook.write_scores(course.db_url, lab, student, items,
                                                        auto_grades=result.get("auto_grades"),
-                                                       auto_comments=result.get("auto_comments"))
+                                                       auto_comments=result.get("auto_comments"), timestamp=timestamp)
         except Exception as exc:  # noqa: BLE001 - the record and report still hold the verdicts
             summary.failures.append(f"{lab_name} {student}: gradebook not updated: {records.clean_reason(exc)}")
     run.finish(lab_name, student, NOT_GRADED if result.get("error") else journal.GRADED,

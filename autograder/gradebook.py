@@ -20,6 +20,7 @@ import warnings
 from urllib.parse import unquote
 
 from nbgrader.api import Base, Gradebook, MissingEntry
+from nbgrader.utils import parse_utc
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
@@ -138,10 +139,13 @@ def comment_line(item: str, status: str, reason: object) -> str:
 
 
 def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *,
-                 auto_grades: dict | None = None, auto_comments: dict | None = None) -> list[str]:
+                 auto_grades: dict | None = None, auto_comments: dict | None = None,
+                 timestamp: str | None = None) -> list[str]:
     """The engine's ``results`` as the scores of ``student``'s submission of ``lab``; ``auto_grades``
     and ``auto_comments`` (cell name -> value) are what nbgrader's own run found, kept beside them
-    for cells that are no engine item. Returns warnings for the instructor (not grades)."""
+    for cells that are no engine item. ``timestamp`` is the submission's time from nbgrader's
+    exchange: formgrader shows a submission whose time differs from its gradebook entry as not
+    graded yet, with no score. Returns warnings for the instructor (not grades)."""
     items = {item.name for item in lab.items}
     warnings_out: list[str] = []
     with Gradebook(db_url) as gb:
@@ -155,6 +159,8 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
                 # nbgrader's add_submission trips SQLAlchemy's autoflush warnings on every call; harmless.
                 warnings.simplefilter("ignore", category=SAWarning)
                 gb.add_submission(lab.name, student)
+        if timestamp is not None:
+            gb.find_submission(lab.name, student).timestamp = parse_utc(timestamp)
         for cell, score in (auto_grades or {}).items():
             if cell in items:
                 continue  # the engine's verdict is this cell's score, whatever the notebook's run showed

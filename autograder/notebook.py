@@ -130,6 +130,50 @@ def read_notebook(path: Path) -> dict:
     return nb
 
 
+# What nbgrader's exchange writes beside a submitted notebook, and how long each can be.
+EXCHANGE_NOTES = {"timestamp.txt": 64, "submission_secret.txt": 256}
+
+
+def read_exchange_note(folder: Path, name: str) -> str | None:
+    """A file nbgrader's exchange wrote beside a submitted notebook (``EXCHANGE_NOTES``), or None
+    when there is none. nbgrader files released feedback under the submission's time and secret,
+    so they must be read, yet they sit in the student's folder: read like a notebook (no links, no
+    special files), short, printable, and the time must parse as one."""
+    from nbgrader.utils import parse_utc
+
+    path = Path(folder) / name
+    if not os.path.lexists(path):
+        return None
+    try:
+        text = _read_regular_file(path).decode("ascii").strip()
+    except OSError as exc:
+        raise NotebookError(f"{name} cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise NotebookError(f"{name} is not ASCII text") from exc
+    if len(text) > EXCHANGE_NOTES[name] or not text.isprintable():
+        raise NotebookError(f"{name} is not what nbgrader writes there (longer than {EXCHANGE_NOTES[name]} "
+                            "characters or not printable)")
+    if name == "timestamp.txt":
+        try:
+            parse_utc(text)
+        except (ValueError, OverflowError) as exc:
+            raise NotebookError(f"{name} does not hold a time ({exc})") from exc
+    return text
+
+
+def copy_exchange_notes(submitted: Path, autograded: Path) -> str | None:
+    """Put the exchange's notes of the submission in folder ``submitted`` beside its autograded
+    notebook, as nbgrader's autograde does; returns the submission's time, if it has one.
+    formgrader counts a submission as graded only when the gradebook holds that same time, and
+    nbgrader releases feedback under it and the secret."""
+    notes = {name: read_exchange_note(submitted, name) for name in EXCHANGE_NOTES}
+    for name, text in notes.items():
+        if text is not None:
+            Path(autograded).mkdir(parents=True, exist_ok=True)
+            (Path(autograded) / name).write_text(text)
+    return notes["timestamp.txt"]
+
+
 def _normalise(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
 

@@ -69,6 +69,10 @@ def feedback(course: Course, lab: LabSpec, students: list[str] | None = None,
             # nbgrader could not execute this notebook; feedback starts from the submission.
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(nb))
+        try:
+            notebook.copy_exchange_notes(course.submitted(student, lab.name).parent, target.parent)
+        except notebook.NotebookError as exc:
+            failures.append(f"{student}: feedback cannot be released: {records.clean_reason(exc)}")
         done = course.nbgrader("generate_feedback", lab.name, "--student", student, "--force")
         if done.returncode != 0:
             failures.append(f"{student}: nbgrader generate_feedback failed: {done.stderr[-500:]}")
