@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 
 import numpy as np
 import torch
@@ -70,14 +71,27 @@ class _Launch:
         for storage, data in self._copies:
             torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).copy_(data)
 
+    def reach(self, name: str, t: torch.Tensor) -> None:
+        """Count ``t``'s own storage as in bounds: a tensor the kernel reaches through an address it
+        loads from a table (``declare_table``), not as an argument, so it runs on the tensor itself."""
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self._by_storage:
+            entry = {"start": storage.data_ptr(), "end": storage.data_ptr() + storage.nbytes(), "names": []}
+            self.storages.append(entry)
+            self._by_storage[storage.data_ptr()] = (None, 0, entry)
+        self._by_storage[storage.data_ptr()][2]["names"].append((name, t.data_ptr(), t.element_size(), t.dtype))
+
     def check(self, kind: str, ptrs: np.ndarray, mask: np.ndarray | None, itemsize: int, program) -> None:
         ptrs = np.asarray(ptrs, dtype=np.uint64)
         active = ptrs[np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)] if mask is not None else ptrs.ravel()
         if active.size == 0:
             return
-        inside = np.zeros(active.shape, dtype=bool)
-        for entry in self.storages:
-            inside |= (active >= entry["start"]) & (active + itemsize <= entry["end"])
+        # Storages never overlap: the one that could hold an address is the last starting at or before it.
+        ordered = sorted(self.storages, key=lambda e: e["start"])
+        starts = np.array([e["start"] for e in ordered], dtype=np.uint64)
+        ends = np.array([e["end"] for e in ordered], dtype=np.uint64)
+        at = np.searchsorted(starts, active, side="right") - 1
+        inside = (at >= 0) & (active + np.uint64(itemsize) <= ends[np.maximum(at, 0)])
         if inside.all():
             return
         bad = int(active[~inside][0])
@@ -115,6 +129,32 @@ def unchecked():
         _state["off"] -= 1
 
 
+# Address tables (optim.multi_tensor_table): the storage of a table -> weak references to its views
+# and to the tensors whose addresses it holds, by name. Weak, so a table never keeps a tensor alive;
+# an entry whose views are all gone is stale (its address may be reused) and is dropped.
+_tables: dict[int, tuple[list, list]] = {}
+
+
+def declare_table(views, named) -> None:
+    """``views`` (of one buffer) hold the addresses of the ``named`` (name, tensor) pairs: a launch
+    given one of the views may touch those tensors, which it reaches by address, not as arguments."""
+    if not (_state["installed"] and enabled()):
+        return
+    for key in [k for k, (refs, _) in _tables.items() if all(r() is None for r in refs)]:
+        del _tables[key]
+    _tables[views[0].untyped_storage().data_ptr()] = ([weakref.ref(v) for v in views],
+                                                      [(name, weakref.ref(t)) for name, t in named])
+
+
+def _reached(values) -> list[tuple[str, torch.Tensor]]:
+    tables = {v.untyped_storage().data_ptr() for v in values if isinstance(v, torch.Tensor)} & _tables.keys()
+    out = []
+    for refs, named in (_tables[key] for key in tables):
+        if any(r() is not None for r in refs):
+            out += [(name, t) for name, ref in named if (t := ref()) is not None]
+    return out
+
+
 def _padded_args(launch: _Launch, names: list[str], args: tuple, kwargs: dict):
     def pad(name, value):
         if isinstance(value, torch.Tensor):
@@ -144,7 +184,10 @@ def install(interp=None) -> None:
         if _state["off"] or _state["launch"] is not None or not enabled():
             return launch_plain(self, *args, **kwargs)
         launch = _Launch(getattr(self.fn, "__name__", "kernel"))
+        reached = _reached([*args, *kwargs.values()])
         args, kwargs = _padded_args(launch, list(self.arg_names), args, kwargs)
+        for name, tensor in reached:
+            launch.reach(name, tensor)
         _state["launch"] = launch
         try:
             launch_plain(self, *args, **kwargs)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from fastdl_lab import device  # before triton: switches the interpreter on when there is no GPU
-from fastdl_lab import checks, timing, triton_aot
+from fastdl_lab import bounds, checks, timing, triton_aot
 
 import triton
 import triton.language as tl
@@ -156,6 +156,8 @@ def multi_tensor_table(tensor_lists: Sequence[Sequence[torch.Tensor]], block: in
     dev = first[0].device if first else torch.device("cpu")
     buffer = torch.tensor(flat, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
     parts = buffer.split([len(first)] * (len(tensor_lists) + 1) + [len(chunk_tensor)] * 2)
+    # Under the checked interpreter a launch given this table may touch the tensors it points at.
+    bounds.declare_table(parts, [(f"list {k} tensor {i}", t) for k, lst in enumerate(tensor_lists) for i, t in enumerate(lst)])
     return MultiTensorTable(list(parts[: len(tensor_lists)]), *parts[len(tensor_lists):], len(chunk_tensor))
 
 

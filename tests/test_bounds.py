@@ -62,6 +62,31 @@ SCRIPT = textwrap.dedent('''
     a = torch.randn(37, 100)
     out["softmax_ok"] = torch.allclose(softmax.softmax(a), torch.softmax(a, dim=1), atol=1e-6)
     out["softmax_oob"] = attempt(lambda: softmax.softmax(a, kernel=softmax_load_unmasked))
+    # fused AdamW reaches its tensors through address tables, not arguments
+    from fastdl_lab import optim
+
+    @triton.jit
+    def adam_store_unmasked(param_addrs, grad_addrs, exp_avg_addrs, exp_avg_sq_addrs, master_addrs, numels,
+                            chunk_tensor, chunk_start, step, lr, beta1, beta2, eps, weight_decay,
+                            PARAM_DTYPE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        t = tl.load(chunk_tensor + pid)
+        offs = tl.load(chunk_start + pid) + tl.arange(0, BLOCK)
+        m_ptr = tl.load(exp_avg_addrs + t).to(tl.pointer_type(tl.float32))
+        tl.store(m_ptr + offs, tl.zeros([BLOCK], dtype=tl.float32))
+
+    shapes = [(300,), (7, 9)]
+    params = [torch.randn(s) for s in shapes]
+    reference = [p.clone().requires_grad_() for p in params]
+    grads = [torch.randn(s) for s in shapes]
+    state = [[torch.zeros(s) for s in shapes] for _ in range(2)]
+    hp = dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
+    optim.fused_adamw(params, grads, *state, 1, block=128, **hp)
+    for r, g in zip(reference, grads):
+        r.grad = g
+    torch.optim.AdamW(reference, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05).step()
+    out["adamw_ok"] = all(torch.allclose(p, r, atol=1e-6) for p, r in zip(params, reference))
+    out["adamw_oob"] = attempt(lambda: optim.fused_adamw(params, grads, *state, 2, block=128, kernel=adam_store_unmasked, **hp))
     with bounds.unchecked():
         # unchecked, an unmasked load past the end reads what lies there: no exception
         out["unchecked"] = attempt(lambda: softmax.softmax(a.clone(), kernel=softmax_load_unmasked))
@@ -82,3 +107,6 @@ def test_unmasked_accesses_raise_named_errors_and_correct_kernels_pass():
     assert out["softmax_oob"].startswith("out-of-bounds load in kernel 'softmax_load_unmasked' (program (36, 0, 0)): "
                                          "'x_ptr' at element 3700, outside its elements 0..3699")
     assert out["unchecked"] is None
+    assert out["adamw_ok"]
+    assert out["adamw_oob"].startswith("out-of-bounds store in kernel 'adam_store_unmasked' (program (2, 0, 0)): "
+                                       "'list 2 tensor 0' at element 300, outside its elements 0..299"), out["adamw_oob"]
