@@ -20,8 +20,10 @@ export IPYTHONDIR := $(CACHE)/ipython
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 export XDG_CACHE_HOME := $(CACHE)/xdg
 export MPLBACKEND := Agg
+# npm's own download cache, kept with the others rather than in $HOME.
+export npm_config_cache := $(CACHE)/npm-cache
 
-.PHONY: demo test lab lab-instructor grade progress build venv clean sandbox-tool hub hub-proxy
+.PHONY: demo test lab lab-instructor grade progress build venv clean sandbox-tool hub hub-proxy slides slides-tool browser-tool
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON) (Python 3.11)"; exit 1; }
@@ -42,10 +44,46 @@ sandbox-tool:
 	         "Until then grading refuses to run student code (unless --unsafe-no-isolation)."; \
 	  fi; }
 
+# The browser tests drive Debian's Chromium with Playwright's Python package (executable_path,
+# over the DevTools protocol, so no chromedriver): the browser comes from apt, never Playwright's own.
+browser-tool:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing and cannot be installed from here: run 'sudo apt-get install chromium'." \
+	         "Until then the browser tests are skipped."; \
+	  fi; }
+
+# Lecture decks: Marp CLI from the npm registry, installed under build/cache (nothing global).
+MARP_CLI_VERSION := 4.5.1
+NPM_PREFIX := $(CACHE)/npm
+MARP := $(NPM_PREFIX)/node_modules/.bin/marp
+$(MARP):
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Node.js and npm, which build the slides"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	  else \
+	    echo "npm is missing and cannot be installed from here: run 'sudo apt-get install nodejs npm'."; exit 1; \
+	  fi; }
+	mkdir -p $(NPM_PREFIX)
+	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund --loglevel=error @marp-team/marp-cli@$(MARP_CLI_VERSION)
+
+slides-tool: $(MARP)
+
+# Every deck in slides/ to build/slides/NN_*.html with its figures in build/slides/figures/:
+# open a page from the file system, no network needed (the build checks that).
+slides: $(STAMP) slides-tool
+	rm -rf $(BUILD)/slides
+	$(BIN)/python slides/build_decks.py $(BUILD)/slides
+
 demo: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder demo
 
-test: $(STAMP) sandbox-tool hub-proxy
+test: $(STAMP) sandbox-tool hub-proxy browser-tool
+	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 build: $(STAMP) sandbox-tool

@@ -1,4 +1,5 @@
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +51,33 @@ def cpu():
     from autograder import profiles
 
     return profiles.load("cpu")
+
+
+DEMO_SEED = 1234
+# Grading one submission keeps about one core busy (nbgrader's kernel, then the engine's children).
+DEMO_WORKERS = 2
+
+
+@dataclass
+class Demo:
+    course: object  # the autograder.course.Course this lab was graded in
+    summary: object  # its autograder.pipeline.LabSummary
+
+
+@pytest.fixture(scope="session")
+def demo(course, cpu, tmp_path_factory):
+    """The demo students of every lab, through nbgrader and the engine, graded as one batch on a
+    local cluster of DEMO_WORKERS workers (autograder/batch.py): {lab: Demo}. Shared by the pipeline
+    and browser tests, so that a session grades the class once."""
+    from autograder import batch, pipeline
+    from autograder.course import copy_build
+    from autograder.engine.items import all_labs
+    from autograder.submissions import demo_students
+
+    copy = copy_build(course, tmp_path_factory.mktemp("demo"))
+    # Labs that compile the student's source take longest: they go first, so that no worker is left
+    # with one at the end.
+    labs = sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items))
+    jobs = [(lab.name, student) for lab in labs for student in demo_students(copy, lab.name)]
+    done = batch.grade(copy, jobs, profile=cpu, seed=DEMO_SEED, workers=DEMO_WORKERS)
+    return {lab.name: Demo(copy, pipeline.lab_summary(lab.name, done)) for lab in labs}

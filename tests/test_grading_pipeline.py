@@ -2,49 +2,30 @@
 
 One course is built per test session; each test adds its own students. Bad inputs are graded
 by the engine directly (fast) and, for the ones that break nbgrader itself, through the pipeline.
-The demo students of every lab are graded as one batch on two workers.
+The demo students of every lab are graded once per session, as one batch: the `demo` fixture in
+conftest.py, which the browser tests read too.
 """
 
 import csv
 import json
 import os
 import re
-from dataclasses import dataclass
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import batch, pipeline, strip
-from autograder.course import Course, copy_build, lab_sources
+from autograder import pipeline, strip
+from autograder.course import lab_sources
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
 from autograder.engine.sandbox import descendants
-from autograder.submissions import FIXTURE_DIR, demo_students, make_submission, reference_solutions, variant
+from autograder.submissions import FIXTURE_DIR, make_submission, reference_solutions, variant
+from conftest import DEMO_SEED
 
 pytestmark = pytest.mark.slow
-SEED = 1234
-# Grading one submission keeps about one core busy (nbgrader's kernel, then the engine's children).
-DEMO_WORKERS = 2
-
-
-@dataclass
-class Demo:
-    course: Course  # the course this lab was graded in
-    summary: pipeline.LabSummary
-
-
-@pytest.fixture(scope="session")
-def demo(course, cpu, tmp_path_factory):
-    """The demo students of every lab, through nbgrader and the engine, graded as one batch on a
-    local cluster of DEMO_WORKERS workers (autograder/batch.py): {lab: Demo}."""
-    copy = copy_build(course, tmp_path_factory.mktemp("demo"))
-    # Labs that compile the student's source take longest: they go first, so that no worker is left
-    # with one at the end.
-    labs = sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items))
-    jobs = [(lab.name, student) for lab in labs for student in demo_students(copy, lab.name)]
-    done = batch.grade(copy, jobs, profile=cpu, seed=SEED, workers=DEMO_WORKERS)
-    return {lab.name: Demo(copy, pipeline.lab_summary(lab.name, done)) for lab in labs}
+# The seed the demo fixture (conftest.py) grades with.
+SEED = DEMO_SEED
 
 
 def rows_for(course, student, lab):
