@@ -33,28 +33,26 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# $(call apt-tool,COMMAND,PACKAGE,WHAT FOR,WITHOUT IT): install a Debian package where we are root,
+# else say what to install and what does not work until then.
+define apt-tool
+@command -v $(1) >/dev/null || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    echo "installing $(2): $(3)"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
+  else \
+    echo "$(1) is missing and cannot be installed from here: run 'sudo apt-get install $(2)'. $(4)"; \
+  fi; }
+endef
+
 # The grader runs student code only inside bubblewrap (autograder/engine/bwrap.py).
 sandbox-tool:
-	@command -v bwrap >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing bubblewrap, the grader's sandbox"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
-	  else \
-	    echo "bubblewrap (bwrap) is missing and cannot be installed from here: run 'sudo apt-get install bubblewrap'." \
-	         "Until then grading refuses to run student code (unless --unsafe-no-isolation)."; \
-	  fi; }
+	$(call apt-tool,bwrap,bubblewrap,the grader's sandbox,Until then grading refuses to run student code (unless --unsafe-no-isolation).)
 
 # The browser tests drive Debian's Chromium with Playwright's Python package (executable_path,
 # over the DevTools protocol, so no chromedriver): the browser comes from apt, never Playwright's own.
 browser-tool:
-	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Chromium for the browser tests"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else \
-	    echo "chromium is missing and cannot be installed from here: run 'sudo apt-get install chromium'." \
-	         "Until then the browser tests are skipped."; \
-	  fi; }
+	$(call apt-tool,chromium,chromium,the browser of the browser tests,Until then the browser tests are skipped.)
 
 # Lecture decks: Marp CLI from the npm registry, installed under build/cache (nothing global).
 MARP_CLI_VERSION := 4.5.1
