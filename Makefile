@@ -92,9 +92,10 @@ build: $(STAMP) sandbox-tool
 # copy of the package (no solutions). MPLBACKEND is left to the kernel so plots show inline.
 WORK := $(CURDIR)/work
 LAB_SETTINGS := $(CACHE)/jupyter/lab-settings
+# nbgrader's tools for a learner on their own: Validate, and no formgrader or exchange (there is no course).
 lab: $(STAMP)
 	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder workspace
-	cd $(WORK) && env -u MPLBACKEND ../$(BIN)/jupyter lab --allow-root --ServerApp.root_dir=$(WORK) \
+	cd $(WORK) && env -u MPLBACKEND JUPYTER_CONFIG_PATH=$(CURDIR)/deploy/jupyter/selfstudy ../$(BIN)/jupyter lab --allow-root --ServerApp.root_dir=$(WORK) \
 	  --MultiKernelManager.default_kernel_name=fastdl-student
 
 # Instructor mode: labs/*.py with their solutions, opened as notebooks through jupytext.
