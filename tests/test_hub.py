@@ -274,7 +274,8 @@ def test_trial_mode_is_loopback_with_a_password(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("role, formgrader, assignment_list", [
-    ("student", False, True), ("instructor", False, True), ("grader", True, False)])
+    ("student", False, True), ("instructor", False, True), ("grader", True, False),
+    ("selfstudy", False, False)])
 def test_each_role_sees_its_own_nbgrader_tools(role, formgrader, assignment_list):
     settings = json.loads((ROOT / "deploy" / "jupyter" / role / "jupyter_server_config.json").read_text())
     enabled = settings["ServerApp"]["jpserver_extensions"]
