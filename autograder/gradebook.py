@@ -20,7 +20,8 @@ import warnings
 from urllib.parse import unquote
 
 from nbgrader.api import Base, Gradebook, MissingEntry
-from nbgrader.utils import parse_utc
+from nbformat import NotebookNode
+from nbgrader.utils import compute_checksum, parse_utc
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SAWarning, SQLAlchemyError
@@ -190,6 +191,19 @@ def write_scores(db_url: str, lab: LabSpec, student: str, results: list[dict], *
     return warnings_out
 
 
+def grade_cell_checksum(gb: Gradebook, lab: str, name: str, points: float) -> str:
+    """nbgrader's checksum of grade cell ``name`` of ``lab`` as the gradebook holds it, worth ``points``."""
+    source = gb.find_source_cell(name, lab, lab)
+    try:
+        gb.find_solution_cell(name, lab, lab)
+        solution = True
+    except MissingEntry:
+        solution = False
+    cell = NotebookNode(cell_type=source.cell_type, source=source.source, metadata=NotebookNode(nbgrader=NotebookNode(
+        grade=True, solution=solution, locked=source.locked, grade_id=name, points=points)))
+    return compute_checksum(cell)
+
+
 def _set_counted(gb: Gradebook, lab: str, item: str, points: float) -> str:
     """Make ``item``'s test cell worth ``points`` in ``lab``: its full points where the profile grades
     it, 0 where it is left out. The maximum belongs to the assignment, not to one submission, so a
@@ -198,6 +212,10 @@ def _set_counted(gb: Gradebook, lab: str, item: str, points: float) -> str:
     if cell.max_score == points:
         return ""
     cell.max_score = points
+    # nbgrader's OverwriteCells checks each locked cell against its checksum, which counts its points:
+    # the stored checksum follows the new maximum, or every later nbgrader autograde of the lab fails.
+    source = gb.find_source_cell(item, lab, lab)
+    source.checksum = grade_cell_checksum(gb, lab, item, points)
     over = sorted(g.student.id for g in cell.grades if (g.score or 0.0) > points)
     if not over:
         return ""

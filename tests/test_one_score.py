@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import cli, pipeline
+from autograder import batch, gradebook, pipeline, profiles, tables
 from autograder.course import copy_build
 from autograder.engine.items import load_lab
-from autograder.submissions import variant
+from autograder.submissions import make_submission, reference_solutions, variant
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -44,12 +44,18 @@ print(json.dumps(api.autograde(sys.argv[1], sys.argv[2])))
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
     copy = copy_build(course, tmp_path_factory.mktemp("formgrader"))
+    # A lab graded once already: on the CPU its speed item is worth 0 in the gradebook from then on,
+    # and nbgrader's own checks of the locked cells must still pass.
+    make_submission(copy, LAB, "earlier", reference_solutions(copy, LAB))
+    batch.grade(copy, [(LAB, "earlier")], profile=profiles.load("cpu"), seed=1, execute=False, only=["matmul_speed"])
+    with Gradebook(copy.db_url) as gb:
+        assert gb.find_grade_cell("matmul_speed", LAB, LAB).max_score == 0
     variant(copy, LAB, STUDENT, FIXTURE)
     done = subprocess.run([sys.executable, "-c", FORMGRADER_AUTOGRADE, LAB, STUDENT], cwd=copy.root,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert answer["success"], answer.get("error", "")[-3000:]
+    assert answer["success"], (answer.get("log", "")[-3000:], answer.get("error", "")[-3000:])
     return copy
 
 
@@ -87,5 +93,15 @@ def test_gradebook_feedback_csv_and_cli_totals_agree(graded):
     header = re.search(rf"{LAB} \(Score: ([\d.]+) / ([\d.]+)\)", html)
     assert header and (float(header[1]), float(header[2])) == pytest.approx((total["score"], total["max"]))
     assert f"{left_out:g} points left out of the total" in html
-    table = cli.format_table(rows)
-    assert f"{total['score']:g}/{total['max']:g}" in table and "need a GPU" in table
+    table = tables.grade_table(rows)
+    assert f"{tables.score_text(total['score'])}/{tables.score_text(total['max'])}" in table and "need a GPU" in table
+
+
+def test_a_grade_cells_checksum_follows_its_points(course):
+    """The checksum nbgrader stored at build time is the one grade_cell_checksum gives at full points."""
+    lab = load_lab(LAB)
+    with Gradebook(course.db_url) as gb:
+        for item in lab.items:
+            stored = gb.find_source_cell(item.name, LAB, LAB).checksum
+            assert gradebook.grade_cell_checksum(gb, LAB, item.name, item.points) == stored, item.name
+            assert gradebook.grade_cell_checksum(gb, LAB, item.name, 0.0) != stored
