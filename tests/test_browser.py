@@ -28,7 +28,7 @@ from autograder.course import COURSE_ID, copy_build
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import descendants
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "build" / "screenshots"

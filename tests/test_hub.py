@@ -154,6 +154,7 @@ def grader(setup, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_term_on_the_hub(hub):
     setup, started = hub.setup, time.monotonic()
     formgrader = f"/services/{COURSE_ID}/formgrader/api"
