@@ -283,3 +283,21 @@ def test_packing_with_a_plain_causal_mask_is_caught(packed_case):
     causal = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool).tril() & (packed.seq_ids >= 0)[:, None, :]
     got = text.packed_sequence_losses(model, packed, causal)
     assert float((got - truth).abs().max()) > 10_000 * TOLERANCE
+
+
+def test_threads_asking_for_the_corpus_together_scan_it_once_and_parse_safely():
+    """Items of one submission are graded on threads: the stdlib scan happens once, and parses by
+    other threads meanwhile (the engine's extraction) wait on the same lock (fastdl_lab/pyast.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autograder.engine import kernels
+
+    text._scan_docstrings.cache_clear()
+    cells = ["import triton\n@triton.jit\ndef k(x_ptr, BLOCK: tl.constexpr):\n    pass\n"] * 4
+    with ThreadPoolExecutor(4) as pool:
+        scans = [pool.submit(text.docstring_texts) for _ in range(2)]
+        extracts = [pool.submit(kernels.extract, cells, ("k",)) for _ in range(20)]
+        results = [f.result() for f in scans]
+        assert all("def k(" in f.result() for f in extracts)
+    assert results[0] == results[1] and len(results[0]) > 1000
+    assert text._scan_docstrings.cache_info().misses == 1

@@ -98,10 +98,11 @@ def test_gradebook_feedback_csv_and_cli_totals_agree(graded):
 
 
 def test_a_grade_cells_checksum_follows_its_points(course):
-    """The checksum nbgrader stored at build time is the one grade_cell_checksum gives at full points."""
-    lab = load_lab(LAB)
+    """grade_cell_checksum gives nbgrader's own checksum of a grade cell at the maximum the gradebook
+    holds (full points, or 0 where a profile left the item out), and another one at other points."""
     with Gradebook(course.db_url) as gb:
-        for item in lab.items:
+        for item in load_lab(LAB).items:
             stored = gb.find_source_cell(item.name, LAB, LAB).checksum
-            assert gradebook.grade_cell_checksum(gb, LAB, item.name, item.points) == stored, item.name
-            assert gradebook.grade_cell_checksum(gb, LAB, item.name, 0.0) != stored
+            points = gb.find_grade_cell(item.name, LAB, LAB).max_score
+            assert gradebook.grade_cell_checksum(gb, LAB, item.name, points) == stored, item.name
+            assert gradebook.grade_cell_checksum(gb, LAB, item.name, points + 1) != stored

@@ -17,11 +17,12 @@ executes in place of the cells. Whether each kept body is a real kernel (calls n
 from __future__ import annotations
 
 import ast
-import threading
 
-# CPython 3.11's AST constructors keep per-interpreter state that two threads parsing at once can
-# corrupt ("AST constructor recursion depth mismatch"); the engine grades items on two threads.
-_AST_LOCK = threading.Lock()
+from fastdl_lab import pyast
+
+# Items are graded on two threads, and two parses at once can fail on CPython 3.11 (fastdl_lab/pyast.py):
+# extraction holds the process's one parse lock.
+_AST_LOCK = pyast.LOCK
 HEADER = "import triton\nimport triton.language as tl\nfrom triton import jit\n"
 JIT_NAMES = {"triton.jit", "jit"}
 
@@ -117,7 +118,7 @@ def top_level_statements(sources: list[str], rejected: type[ValueError]):
     """Every top-level statement of the cells, in order; a cell that does not parse raises ``rejected``."""
     for i, source in enumerate(sources):
         try:
-            tree = ast.parse(source)
+            tree = pyast.parse(source)
         except SyntaxError as exc:
             raise rejected(f"solution cell {i + 1} does not parse: line {exc.lineno}: {exc.msg}") from exc
         yield from tree.body

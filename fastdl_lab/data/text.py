@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastdl_lab import pyast
+
 PAD = 0
 # The vocabulary sets the size of TinyLM's embedding and of its logits, [rows, 256, VOCAB] per
 # packed batch: 4096 ids keep that to 4 MB a row on a CPU. Ids must be stable, not unique: the
@@ -60,8 +62,15 @@ def _definitions(tree: ast.Module):
         stack.extend(reversed([c for c in ast.iter_child_nodes(node) if isinstance(c, _BODIES)]))
 
 
-@functools.cache
 def _docstrings() -> tuple[str, ...]:
+    # One scan at a time: threads asking together (a submission's items are graded in parallel)
+    # wait for the first one's result instead of parsing the stdlib side by side.
+    with pyast.LOCK:
+        return _scan_docstrings()
+
+
+@functools.cache
+def _scan_docstrings() -> tuple[str, ...]:
     # Only the modules directly in the stdlib folder (168 files on CPython 3.11), no packages:
     # the whole stdlib costs about 1.5 s of CPU on two cores even with the collector paused (see
     # below), these about 0.5 s, and they still give thousands of docstrings. Packages (test/,
@@ -75,7 +84,7 @@ def _docstrings() -> tuple[str, ...]:
         texts = []
         for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
             try:
-                tree = ast.parse(path.read_bytes(), filename=str(path))
+                tree = pyast.parse(path.read_bytes(), filename=str(path))
             except (SyntaxError, ValueError):
                 continue
             texts += [doc for node in _definitions(tree) if (doc := ast.get_docstring(node))]
