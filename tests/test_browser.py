@@ -232,7 +232,8 @@ def test_lab_opens_runs_a_cell_and_validate_reports(page, server):
     page.goto(lab_server.url(f"lab/tree/student/{LAB}.ipynb"))
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=KERNEL_TIMEOUT_MS)
     first = page.locator(".jp-NotebookPanel .jp-CodeCell").first
-    assert "device.describe()" in first.locator(".jp-InputArea-editor").inner_text()
+    # The editor fills in after the cell appears: wait for its text rather than read it at once.
+    first.locator(".jp-InputArea-editor", has_text="device.describe()").wait_for(timeout=KERNEL_TIMEOUT_MS)
     _run_cell(page, first)
     output = first.locator(".jp-OutputArea-output").first
     output.wait_for(timeout=KERNEL_TIMEOUT_MS)
