@@ -13,7 +13,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from autograder import pipeline
 from autograder.course import COURSE_ID, copy_build
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import descendants
+from fastdl_lab.distributed.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.e2e]
 
@@ -56,17 +56,11 @@ def browser():
         chromium.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LabServer:
     def __init__(self, folder: Path, student_package: Path):
         self.folder = folder
         self.token = secrets.token_hex(16)
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         jupyter = folder / "jupyter"
         env = {**os.environ,

@@ -36,7 +36,8 @@ import ast
 import builtins
 import re
 
-from autograder.engine.kernels import JIT_NAMES, _AST_LOCK, _constant, _dotted, top_level_statements
+from autograder.engine.kernels import JIT_NAMES, _constant, _dotted, top_level_statements
+from fastdl_lab import pyast
 
 DENIED_CALLS = frozenset({
     "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
@@ -124,7 +125,7 @@ def extract(sources: list[str], required: tuple[str, ...], library: str = "") ->
     Raises ``ArtefactRejected`` when a cell does not parse, a kept definition fails the screen, or
     a name in ``required`` is not defined at the top level of the cells.
     """
-    with _AST_LOCK:
+    with pyast.LOCK:
         return _extract(sources, required, re.compile(library, re.IGNORECASE) if library else None)
 
 
