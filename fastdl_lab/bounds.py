@@ -7,7 +7,8 @@ interpreted kernel runs on padded copies of its tensor arguments, each storage b
 at least as large as itself, and every load, store and atomic checks its active (unmasked) pointers
 against the storages of the launch's tensor arguments before it touches memory. A pointer outside
 all of them raises ``OutOfBoundsAccess`` naming the kernel, the argument, the element offset and the
-program; nothing has been written by then. The guard bands keep separately allocated tensors far
+program (an address beyond every guard band, a wild offset, names no argument: which storage lies
+nearest is up to the allocator); nothing has been written by then. The guard bands keep separately allocated tensors far
 apart, so that a pointer run past one tensor does not land inside the next one and go unseen.
 
 ``fastdl_lab.device`` installs it whenever the interpreter is on (``FASTDL_CHECK_BOUNDS=0`` leaves
@@ -41,7 +42,9 @@ class _Launch:
 
     def __init__(self, kernel: str):
         self.kernel = kernel
-        self.storages: list[dict] = []  # start, end (bytes), names [(arg name, data_ptr, itemsize, dtype)]
+        # start, end, near (bytes: an address that close outside is named as this storage's),
+        # names [(arg name, data_ptr, itemsize, dtype)]
+        self.storages: list[dict] = []
         self._copies: list[tuple[torch.UntypedStorage, torch.Tensor]] = []  # original storage, padded bytes
         self._by_storage: dict[int, tuple[torch.Tensor, int, dict]] = {}
 
@@ -57,7 +60,7 @@ class _Launch:
             original = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
             buffer[guard:guard + nbytes].copy_(original)
             start = buffer.data_ptr() + guard
-            entry = {"start": start, "end": start + nbytes, "names": []}
+            entry = {"start": start, "end": start + nbytes, "near": guard, "names": []}
             self.storages.append(entry)
             self._copies.append((storage, buffer[guard:guard + nbytes]))
             self._by_storage[key] = (buffer, guard, entry)
@@ -76,7 +79,9 @@ class _Launch:
         loads from a table (``declare_table``), not as an argument, so it runs on the tensor itself."""
         storage = t.untyped_storage()
         if storage.data_ptr() not in self._by_storage:
-            entry = {"start": storage.data_ptr(), "end": storage.data_ptr() + storage.nbytes(), "names": []}
+            # No guard band here: an address this close past it is still taken for this tensor's.
+            entry = {"start": storage.data_ptr(), "end": storage.data_ptr() + storage.nbytes(),
+                     "near": _GUARD_MIN_BYTES, "names": []}
             self.storages.append(entry)
             self._by_storage[storage.data_ptr()] = (None, 0, entry)
         self._by_storage[storage.data_ptr()][2]["names"].append((name, t.data_ptr(), t.element_size(), t.dtype))
@@ -101,15 +106,23 @@ class _Launch:
         where = f"out-of-bounds {kind} in kernel '{self.kernel}' (program {tuple(int(i) for i in program)})"
         if not self.storages:
             return f"{where}: the launch was given no tensor"
-        entry = min(self.storages, key=lambda e: 0 if e["start"] <= address < e["end"]
-                    else min(abs(address - e["start"]), abs(address - e["end"])))
+        def distance(e: dict) -> int:
+            return 0 if e["start"] <= address < e["end"] else min(abs(address - e["start"]), abs(address - e["end"]))
+
+        entry = min(self.storages, key=distance)
         name, base, itemsize, dtype = entry["names"][0]
+        lanes = f"{n_bad} of {n_active} unmasked lanes out"
+        # Past the guard bands the address belongs to no tensor, and which storage happens to lie
+        # nearest is the allocator's doing: name none.
+        if distance(entry) > entry["near"]:
+            return (f"{where}: address {address:#x} is far outside every tensor of the launch (the nearest, "
+                    f"'{name}', is {distance(entry)} bytes away); {lanes}: a wild offset?")
         offset = (address - base) // itemsize if address >= base else -((base - address) // itemsize)
         first = (entry["start"] - base) // itemsize if entry["start"] >= base else -((base - entry["start"]) // itemsize)
         last = (entry["end"] - base) // itemsize - 1
         shared = f" (shared with {', '.join(repr(n) for n, *_ in entry['names'][1:])})" if len(entry["names"]) > 1 else ""
         return (f"{where}: '{name}'{shared} at element {offset}, outside its elements {first}..{last} "
-                f"({str(dtype).replace('torch.', '')}); {n_bad} of {n_active} unmasked lanes out: is a mask missing?")
+                f"({str(dtype).replace('torch.', '')}); {lanes}: is a mask missing?")
 
 
 _state = {"installed": False, "launch": None, "off": 0}

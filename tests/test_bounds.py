@@ -41,6 +41,11 @@ SCRIPT = textwrap.dedent('''
         x = x - tl.max(x, axis=0)
         tl.store(y_ptr + row * stride_y + cols, tl.exp(x) / tl.sum(tl.exp(x), axis=0), mask=cols < n_cols)
 
+    @triton.jit
+    def store_far_away(out_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + (1 << 40) + offs, tl.zeros((BLOCK,), dtype=tl.float32))
+
     def attempt(fn):
         try:
             fn()
@@ -58,6 +63,7 @@ SCRIPT = textwrap.dedent('''
     out["inplace_ok"] = torch.equal(inplace, x + y)
     before = z.clone()
     out["add_oob"] = attempt(lambda: add_store_unmasked[(4,)](x, y, z, 1000, BLOCK=256))
+    out["wild"] = attempt(lambda: store_far_away[(1,)](z, BLOCK=16))
     out["nothing_written"] = torch.equal(z, before)
     a = torch.randn(37, 100)
     out["softmax_ok"] = torch.allclose(softmax.softmax(a), torch.softmax(a, dim=1), atol=1e-6)
@@ -104,6 +110,8 @@ def test_unmasked_accesses_raise_named_errors_and_correct_kernels_pass():
                               "at element 1000, outside its elements 0..999 (float32); 24 of 256 unmasked lanes "
                               "out: is a mask missing?")
     assert out["nothing_written"]
+    assert out["wild"].startswith("out-of-bounds store in kernel 'store_far_away' (program (0, 0, 0)): address 0x")
+    assert "far outside every tensor of the launch (the nearest, 'out_ptr', is " in out["wild"]
     assert out["softmax_oob"].startswith("out-of-bounds load in kernel 'softmax_load_unmasked' (program (36, 0, 0)): "
                                          "'x_ptr' at element 3700, outside its elements 0..3699")
     assert out["unchecked"] is None
