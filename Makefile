@@ -81,10 +81,13 @@ demo: $(STAMP) sandbox-tool
 	$(BIN)/python -m autograder demo
 
 # The suite, under 20 minutes on two cores; the end-to-end tests (a real JupyterHub, a real
-# browser: three more minutes) run with make test-e2e.
+# browser: three more minutes) run with make test-e2e. Much of the suite is one Python process
+# busy at a time, so two workers share the files (each file on one worker: its module fixtures
+# are made once); the graded demo class, the longest file, starts first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP) sandbox-tool
 	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
-	$(BIN)/python -m pytest -m "not e2e"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-e2e: $(STAMP) sandbox-tool hub-proxy browser-tool
 	$(BIN)/python -m pytest -m e2e

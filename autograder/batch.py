@@ -136,7 +136,7 @@ def _collect(specs: list[JobSpec], cluster, scheduler: str | None, gpu: bool) ->
 
 
 def _store(course: Course, result: dict, run: journal.Run, profile: dict, summary: BatchSummary,
-           only: list[str] | None) -> dict:
+           only: tuple[str, ...] | None) -> dict:
     """Write one job's result: the only place grades are written."""
     lab_name, student = result["lab"], result["student"]
     lab = load_lab(lab_name)
@@ -177,11 +177,26 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
     return record
 
 
+def _selection(only: list[str] | None, per_job: list) -> Callable[[str, str], tuple[str, ...] | None]:
+    """The items each job grades: ``only`` for every job, unless ``per_job`` names the job."""
+    chosen = {(lab, student): tuple(items) for lab, student, items in per_job}
+
+    def items(lab: str, student: str) -> tuple[str, ...] | None:
+        picked = chosen.get((lab, student), only)
+        return tuple(picked) if picked else None
+
+    return items
+
+
 def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: int, workers: int = 1,
           scheduler: str | None = None, cell_timeout: int | None = None, isolated: bool = True,
-          execute: bool = True, only: list[str] | None = None, run: journal.Run | None = None,
+          execute: bool = True, only: list[str] | None = None, only_per_job: list | None = None,
+          run: journal.Run | None = None,
           progress: Callable[[int, int, dict], None] | None = None) -> BatchSummary:
     """Grade ``jobs`` ((lab, student) pairs); ``run`` continues an interrupted run (its seed wins).
+
+    ``only`` grades those items of every job; ``only_per_job`` ([lab, student, items] triples, as
+    the journal keeps them) chooses the items of the jobs it names.
 
     ``isolated=False`` (``--unsafe-no-isolation``) runs student code without the sandbox and says so
     in every reason; otherwise a machine that cannot isolate raises ``bwrap.IsolationUnavailable``
@@ -189,7 +204,9 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
     if isolated:
         bwrap.check()
     run = run or journal.start(course.root, seed=seed, profile=profile["name"], jobs=jobs,
-                               options={"execute": execute, "only": only, "cell_timeout": cell_timeout})
+                               options={"execute": execute, "only": only, "only_per_job": only_per_job or [],
+                                        "cell_timeout": cell_timeout})
+    items_of = _selection(only, only_per_job or [])
     todo = [job for job in jobs if job not in run.final]
     summary = BatchSummary(jobs=list(jobs), run_id=run.run_id)
     workers = min(workers, len(todo))
@@ -200,12 +217,12 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
         parallel = max(1, (os.cpu_count() or 1) // max(1, workers))
         specs = [JobSpec(str(course.root), prepared.get(lab, ""), lab, student, profile, run.seed,
                          cell_timeout=cell_timeout, isolated=isolated, execute=execute, item_parallel=min(2, parallel),
-                         only=tuple(only) if only else None)
+                         only=items_of(lab, student))
                  for lab, student in todo]
         results = _serial(specs) if workers <= 1 and not scheduler else \
             _dask(specs, workers=workers, scheduler=scheduler, gpu=bool(profile.get("gpu")))
         for done, result in enumerate(results, 1):
-            record = _store(course, result, run, profile, summary, only)
+            record = _store(course, result, run, profile, summary, items_of(result["lab"], result["student"]))
             if progress:
                 progress(done, len(specs), record)
     finally:

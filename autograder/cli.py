@@ -67,7 +67,8 @@ def _grade(course: Course, jobs: list[tuple[str, str]], args, *, profile: dict, 
     try:
         return batch.grade(course, jobs, profile=profile, seed=seed, workers=workers, scheduler=args.scheduler,
                            cell_timeout=options.get("cell_timeout"), isolated=not args.unsafe_no_isolation,
-                           execute=options.get("execute", True), only=options.get("only"), run=run,
+                           execute=options.get("execute", True), only=options.get("only"),
+                           only_per_job=options.get("only_per_job"), run=run,
                            progress=progress)
     finally:
         progress.close()

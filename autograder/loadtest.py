@@ -2,8 +2,8 @@
 
 One in five submissions attacks the grader (a crash, a loop, a fork bomb, a memory hog, an output
 flood, broken JSON, a link to another student's notebook, a deleted test cell); the others are the
-reference or the reference with one known mistake. ``tests/test_batch.py`` grades a class of 40 on
-two workers; ``benchmarks/grading_scale.py --load`` grades 500 on eight.
+reference or the reference with one known mistake. ``tests/test_batch.py`` grades a class of 24 on
+two workers, one of each hostile kind; ``benchmarks/grading_scale.py --load`` grades 500 on eight.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ def _hostile(course: Course, name: str, tag: str, victim: str) -> str:
     return student
 
 
-def make_class(course: Course, size: int) -> list[str]:
-    """Write ``size`` submissions (a fifth hostile, cycling through HOSTILE); returns the students."""
-    hostile = size // 5
+def make_class(course: Course, size: int, hostile: int | None = None) -> list[str]:
+    """Write ``size`` submissions, ``hostile`` of them (default a fifth) cycling through HOSTILE;
+    returns the students."""
+    hostile = size // 5 if hostile is None else hostile
     buggy = parse_cells_file(DEMO_DIR / LAB / "buggy-flops.py")
     students = []
     for i in range(size - hostile):

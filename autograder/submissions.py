@@ -80,3 +80,15 @@ def demo_students(course: Course, lab: str) -> list[str]:
         variant(course, lab, path.stem, path)
         students.append(path.stem)
     return students
+
+
+def demo_targets(lab: str, student: str) -> list[str] | None:
+    """The items a buggy demo's mistake can reach: those executing a cell it replaces, or whose test
+    cell it replaces. None for a submission that is not a buggy demo (every item counts)."""
+    from autograder.engine.items import load_lab
+
+    path = DEMO_DIR / lab / f"{student}.py"
+    if not student.startswith("buggy-") or not path.is_file():
+        return None
+    replaced = set(parse_cells_file(path))
+    return [item.name for item in load_lab(lab).items if replaced & {*item.cells, item.name}]

@@ -1,8 +1,8 @@
 """Grading a class: parallel workers, one writer, the run journal, resume, and faults on the way.
 
-The load test grades 40 submissions of lab 00 (one item, the engine alone, to keep it cheap) on a
+The load test grades 24 submissions of lab 00 (one item, the engine alone, to keep it cheap) on a
 local Dask cluster of two workers, with eight hostile submissions among them, and kills a worker
-twice while each holds a job. Every submission must end in exactly one final state, none lost,
+twice while each holds a job (one submission of each hostile kind). Every submission must end in exactly one final state, none lost,
 none graded twice, and a regrade with the same seed must give the same scores.
 """
 
@@ -27,9 +27,9 @@ SEED = 4321
 
 @pytest.fixture(scope="module")
 def load_course(course, tmp_path_factory):
-    """A copy of the built course with a class of 40: 32 honest submissions, 8 hostile."""
+    """A copy of the built course with a class of 24: 16 honest submissions, one of each hostile kind."""
     copy = copy_build(course, tmp_path_factory.mktemp("load"))
-    loadtest.make_class(copy, 40)
+    loadtest.make_class(copy, 24, hostile=len(loadtest.HOSTILE))
     return copy
 
 
@@ -70,7 +70,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
 
     course = load_course
     students = course.students(LAB)
-    assert len(students) == 40
+    assert len(students) == 24
     jobs = [(LAB, s) for s in students]
     before = set(descendants(os.getpid()))
     cluster = batch.local_cluster(2, gpu=False)
@@ -79,8 +79,8 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     try:
         with Client(cluster, set_as_default=False) as spy:
             def kill_a_busy_worker(done, total, record):
-                # The first kill after 8 results, the second after 20 or as soon as a worker qualifies.
-                if len(kills) >= 2 or done < (8, 20)[len(kills)]:
+                # The first kill after 6 results, the second after 14 or as soon as a worker qualifies.
+                if len(kills) >= 2 or done < (6, 14)[len(kills)]:
                     return
                 for address, keys in spy.processing().items():
                     # Never a worker holding a job a first kill already cost: that one must be retried, not lost.
@@ -223,3 +223,14 @@ def test_progress_prints_a_line_per_submission_when_not_a_terminal():
     summary = progress.summary_lines([graded, lost])
     assert summary[0] == "2 submission(s): passed 1, needs_gpu 1, not_graded 1"
     assert "1 not graded" in summary[1]
+
+
+def test_items_chosen_per_job_override_the_run_wide_choice_and_survive_the_journal(tmp_path):
+    per_job = [["02_fusion", "buggy", ["softmax_fp32"]]]
+    items = batch._selection(["conv_bn_fold"], per_job)
+    assert items("02_fusion", "buggy") == ("softmax_fp32",)
+    assert items("02_fusion", "other") == ("conv_bn_fold",)
+    assert batch._selection(None, [])("02_fusion", "other") is None
+    run = journal.start(tmp_path, seed=1, profile="cpu", jobs=[("02_fusion", "buggy")],
+                        options={"only": None, "only_per_job": per_job})
+    assert journal.load(run.path).options["only_per_job"] == per_job

@@ -20,8 +20,8 @@ from autograder.course import lab_sources
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
 from autograder.engine.sandbox import descendants
-from autograder.submissions import FIXTURE_DIR, make_submission, reference_solutions, variant
-from conftest import DEMO_SEED
+from autograder.submissions import FIXTURE_DIR, demo_targets, make_submission, reference_solutions, variant
+from conftest import DEMO_SEED, demo_executed
 
 pytestmark = pytest.mark.slow
 # The seed the demo fixture (conftest.py) grades with.
@@ -102,10 +102,14 @@ def test_buggy_demos_lose_points_with_reasons(demo):
         assert buggy, f"{lab.name} has no buggy demo submission"
         for student in buggy:
             rows = rows_for(course, student, lab.name)
+            targets = demo_targets(lab.name, student)
+            assert targets, f"{student} replaces no cell an item executes"
+            if not demo_executed(lab.name, student):
+                assert set(rows) == set(targets)
             lost = [r for r in rows.values() if r["status"] not in ("passed", "needs_gpu")]
             assert lost, f"{student} lost nothing"
-            assert any(r["score"] > 0 for r in rows.values()), f"{student} gained nothing"
-            assert all(r["reason"] for r in lost)
+            assert {r["item"] for r in lost} <= set(targets), f"{student} lost points its mistake cannot reach"
+            assert all(r["reason"] and r["status"] != "not_graded" for r in lost)
 
 
 def test_feedback_shows_verdicts_and_no_hidden_tests(demo):
