@@ -18,3 +18,13 @@ LOCK = threading.RLock()
 def parse(source: str | bytes, filename: str = "<unknown>") -> ast.Module:
     with LOCK:
         return ast.parse(source, filename=filename)
+
+
+def raises_not_implemented(tree: ast.AST) -> bool:
+    """True if ``tree`` holds ``raise NotImplementedError``: the stub nbgrader leaves where a solution goes."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(raised, ast.Name) and raised.id == "NotImplementedError":
+                return True
+    return False

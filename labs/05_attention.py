@@ -21,15 +21,27 @@
 # Dao, 2023) computes exactly the same result without ever storing that matrix. In this lab you
 # will:
 #
-# 1. count the bytes naive attention moves, and see why that, not arithmetic, sets its speed;
+# 1. count the bytes naive attention moves, and see why that, not arithmetic, sets its speed
+#    *(sections 1–2, about 25 minutes of reading and running)*;
 # 2. derive the **online softmax**, which normalises a row it has not finished reading, and
-#    check it in plain PyTorch;
-# 3. write the **forward kernel** in Triton *(graded: `attention_fwd`, 4 points)*;
-# 4. derive the backward pass and write the **three backward kernels**, which rebuild the
-#    probabilities instead of storing them *(graded: `attention_bwd`, 4 points)*;
-# 5. measure what autograd keeps for the backward: quadratic for naive attention, linear for
-#    yours *(graded: `attention_memory`, 2 points)*; on a GPU, race PyTorch's own fused kernel
-#    *(graded on GPU profiles: `attention_speed`, 2 points)*.
+#    check it in plain PyTorch *(section 3, about 15 minutes)*;
+# 3. write the whole algorithm in **plain PyTorch as an `autograd.Function`**: a forward over key
+#    blocks that saves only the output and one logsumexp per row, and a backward that rebuilds the
+#    probabilities block by block *(section 4, about 50 minutes; graded: `flash_torch`, 4 points)*;
+# 4. write the same forward as a **Triton kernel** *(section 5, about 60 minutes; graded:
+#    `attention_fwd`, 4 points)*;
+# 5. write the **backward kernels**: the core is scaffolded, a kernel for $\delta$ and the loop body
+#    of the $dK$/$dV$ kernel *(section 6a, about 40 minutes; graded: `attention_bwd`, 3 points)*;
+#    the $dQ$ kernel, from its signature alone, is **optional** *(section 6b, about 30 minutes;
+#    graded: `attention_bwd_dq`, 1 point)*: nothing else in the lab needs it;
+# 6. measure what autograd keeps for the backward: quadratic for naive attention, linear for
+#    yours *(section 7, about 15 minutes; graded: `attention_memory`, 2 points)*; see your kernels
+#    compile to tensor-core instructions and, on a GPU, race PyTorch's own fused kernel *(sections
+#    8–9; graded on GPU profiles: `attention_speed`, 2 points)*.
+#
+# The core path takes about three and a half hours; the optional $dQ$ kernel about half an hour
+# more. The backward kernels are graded on the reference forward's output and logsumexp, so a
+# slip in your forward kernel does not cost the backward's points, nor the core the optional part's.
 #
 # Without a GPU the kernels run in the Triton interpreter: correct, and far too slow to time.
 
@@ -210,7 +222,220 @@ for causal in (False, True):
 print("the tiled online softmax matches the reference, outputs and logsumexp, causal and not")
 
 # %% [markdown]
-# ## 4. The forward kernel
+# ## 4. FlashAttention in PyTorch: forward and backward
+#
+# `attention_tiled` never holds a whole row of probabilities, but it is forward only: run it
+# under autograd and autograd records every tile's operations and keeps what each needs, which
+# adds up to the $N \times N$ probabilities again. FlashAttention owns its backward: the forward
+# saves $Q$, $K$, $V$, the output $O$ and **one logsumexp per row**, and the backward rebuilds
+# the probabilities tile by tile. Before writing any of it in Triton, you will write it in plain
+# PyTorch, where every intermediate can be printed, as a `torch.autograd.Function`.
+#
+# ### The backward pass
+#
+# Let $dO$ be the gradient arriving at the output. Going back through $O = PV$, the softmax and
+# $S = \tau QK^\top$:
+#
+# $$dV = P^\top dO,\qquad dP = dO\, V^\top,\qquad dS_{ij} = P_{ij}\Big(dP_{ij} - \sum_l P_{il}\, dP_{il}\Big),
+#   \qquad dQ = \tau\, dS\, K,\qquad dK = \tau\, dS^\top Q.$$
+#
+# The softmax step is its Jacobian, $\partial P_{ij}/\partial S_{il} = P_{ij}(\delta_{jl} - P_{il})$.
+# Its row sum simplifies: $\sum_l P_{il}\,dP_{il} = \sum_l P_{il} \sum_c dO_{ic} V_{lc} =
+# \sum_c dO_{ic}\, O_{ic}$. So
+#
+# $$\delta_i = \sum_c dO_{ic}\, O_{ic},\qquad dS = P \circ (dP - \delta),$$
+#
+# one number per row, from two $N \times d$ tensors: no $N \times N$ reduction. And $P$ itself is
+# never stored: $P_{ij} = \exp(\tau\,q_i\cdot k_j - \mathrm{lse}_i)$ rebuilds any tile exactly,
+# already normalised, from $Q$, $K$ and the saved logsumexp. Recomputing the scores costs one
+# extra matmul per tile; storing them would cost the $N^2$ traffic and memory we set out to avoid.
+# The formulas, against autograd, in fp64:
+
+# %%
+qd, kd, vd = (checks.randn(1, 2, 50, 16, seed=i, dtype=torch.float64).requires_grad_() for i in range(3))
+grad_out = checks.randn(1, 2, 50, 16, seed=9, dtype=torch.float64)
+tau = 16**-0.5
+auto = torch.autograd.grad(attention.attention_ref(qd, kd, vd, causal=True), (qd, kd, vd), grad_out)
+with torch.no_grad():
+    lse_d = attention.logsumexp_ref(qd, kd, causal=True)
+    probs = torch.exp(tau * qd @ kd.transpose(-1, -2) - lse_d[..., None]).tril()
+    out_d = probs @ vd
+    delta_d = (grad_out * out_d).sum(-1, keepdim=True)
+    d_scores = probs * (grad_out @ vd.transpose(-1, -2) - delta_d)
+    manual = (tau * d_scores @ kd, tau * d_scores.transpose(-1, -2) @ qd, probs.transpose(-1, -2) @ grad_out)
+for label, a, b in zip(("dq", "dk", "dv"), manual, auto):
+    print(f"{label}: largest difference from autograd {(a - b).abs().max().item():.1e}")
+
+# %% [markdown]
+# ### Your `FlashAttentionTorch`
+#
+# Write `forward` and `backward` below. The forward takes every query at once and walks the keys
+# `block_n` at a time, exactly like the inner loop of `attention_tiled`; the backward walks the
+# same key blocks. For each block $j$ (keys $j_0 \dots j_0 + $ `block_n` $- 1$):
+#
+# $$S_j = \tau\, Q K_j^\top,\quad P_j = e^{S_j - \mathrm{lse}},\quad dV_j = P_j^\top dO,\quad
+#   dS_j = P_j \circ (dO\, V_j^\top - \delta),\quad dQ \mathrel{+}= \tau\, dS_j K_j,\quad dK_j = \tau\, dS_j^\top Q.$$
+#
+# $dV_j$ and $dK_j$ belong to block $j$ alone, so each is written once into its rows of `dv` and
+# `dk`; $dQ$ sums over every block. The contract:
+#
+# - `q`, `k`, `v`: `(batch, heads, N, d)`, fp32, as many keys as queries (write it with `...` for
+#   the leading dimensions and it works for any number of them); $\tau = 1/\sqrt d$ (`scale`,
+#   given); `block_n` is any positive number, usually not a divisor of $N$: the last block is short;
+# - `causal`: key $j$ is masked for query $i$ when $j > i$. Build the mask **per block**, from
+#   `rows` (given) and this block's key positions (`torch.arange(j0, j0 + size)`): a mask of all
+#   $N \times N$ positions is an $N \times N$ tensor too;
+# - `forward` saves `ctx.save_for_backward(q, k, v, o, lse)` and nothing else of size $N$ or more
+#   (`ctx.causal = causal` and `ctx.block_n = block_n` are fine), and returns `o` in `q`'s dtype;
+# - `backward` gets `do` and returns `dq, dk, dv, None, None`: one gradient per `forward` input,
+#   `None` for `causal` and `block_n`.
+#
+# How it is graded (`flash_torch`, 4 points). Half: the output and all three gradients against
+# fp64 attention on hidden shapes, causal and not, with `block_n` dividing $N$ or not. Half: what
+# your function keeps and creates, measured by the grader at $N$ and $2N$: the bytes saved for the
+# backward, every tensor the forward made that is still alive after it (wherever it is kept), the
+# Python objects it left behind, and the **largest tensor** any operation of either pass creates.
+# Saving or keeping anything $N \times N$, growing faster than $N$, or creating a tensor as large
+# as the scores (a mask included) loses this half, with the figure named. The grader runs only this
+# cell's classes and functions, with `math`, `torch` and `F` (`torch.nn.functional`) available:
+# imports inside them, library attention (`F.scaled_dot_product_attention`), NumPy and lists of
+# numbers are refused.
+
+# %% nbgrader={"grade_id": "attn_torch_code", "solution": true}
+import math
+
+import torch
+
+
+class FlashAttentionTorch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, block_n):
+        # The running state is fp32 whatever the inputs' dtype.
+        qf, kf, vf = q.float(), k.float(), v.float()
+        scale = q.shape[-1] ** -0.5
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        rows = torch.arange(n_q, device=q.device)
+        ### BEGIN SOLUTION
+        m = torch.full(q.shape[:-1], float("-inf"), device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), device=q.device)
+        for j0 in range(0, n_k, block_n):
+            k_j, v_j = kf[..., j0:j0 + block_n, :], vf[..., j0:j0 + block_n, :]
+            s = (qf @ k_j.transpose(-2, -1)) * scale
+            if causal:
+                cols = torch.arange(j0, j0 + k_j.shape[-2], device=q.device)
+                s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            correction = torch.exp(m - m_new)
+            l = l * correction + p.sum(-1)
+            acc = acc * correction[..., None] + p @ v_j
+            m = m_new
+        o = acc / l[..., None]
+        lse = m + torch.log(l)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.block_n = causal, block_n
+        return o.to(q.dtype)
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        qf, kf, vf, dof = q.float(), k.float(), v.float(), do.float()
+        scale = q.shape[-1] ** -0.5
+        rows = torch.arange(q.shape[-2], device=q.device)
+        ### BEGIN SOLUTION
+        block_n = ctx.block_n
+        delta = (dof * o).sum(-1)
+        dq = torch.zeros_like(qf)
+        dk, dv = torch.empty_like(kf), torch.empty_like(vf)
+        for j0 in range(0, k.shape[-2], block_n):
+            k_j, v_j = kf[..., j0:j0 + block_n, :], vf[..., j0:j0 + block_n, :]
+            s = (qf @ k_j.transpose(-2, -1)) * scale
+            if ctx.causal:
+                cols = torch.arange(j0, j0 + k_j.shape[-2], device=q.device)
+                s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+            p = torch.exp(s - lse[..., None])
+            dv[..., j0:j0 + block_n, :] = p.transpose(-2, -1) @ dof
+            ds = p * (dof @ v_j.transpose(-2, -1) - delta[..., None])
+            dq += (ds @ k_j) * scale
+            dk[..., j0:j0 + block_n, :] = (ds.transpose(-2, -1) @ qf) * scale
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        ### END SOLUTION
+
+
+# %%
+def flash_torch(q, k, v, causal=False, block_n=64):
+    """``attention.flash_attention_torch`` with your FlashAttentionTorch."""
+    return attention.flash_attention_torch(q, k, v, causal=causal, block_n=block_n, function=FlashAttentionTorch)
+
+
+# %% [markdown]
+# `memory.footprint(fn, q, k, v)` runs one forward and backward and counts what the grader
+# counts. Against `attention_ref`, which lets autograd record its operations, and
+# `attention_tiled`, whose tiles autograd records one by one (small tensors, $N \times N$ in all):
+
+# %%
+for n in ([128, 256] if QUICK else [256, 512, 1024]):
+    q, k, v = (checks.randn(1, 1, n, 64, seed=i, device=DEV).requires_grad_() for i in range(3))
+    for label, fn in (("attention_ref", lambda *t: attention.attention_ref(*t, causal=True)),
+                      ("attention_tiled", lambda *t: attention.attention_tiled(*t, causal=True)),
+                      ("yours", lambda *t: flash_torch(*t, causal=True, block_n=64))):
+        _, _, fig = memory.footprint(fn, q, k, v)
+        print(f"N={n:>5} {label:>15}: saved {fig.saved_bytes / 2**10:7.0f} KiB, kept after the forward "
+              f"{fig.kept_bytes / 2**10:6.0f} KiB, largest tensor {fig.largest_shape}")
+
+# %% nbgrader={"grade_id": "flash_torch", "grade": true, "points": 4}
+import torch
+
+from fastdl_lab import attention, checks, device, memory
+
+_dev = "cuda" if device.has_gpu() else "cpu"
+
+
+def _torch_case(shape, causal, block_n, seed):
+    q, k, v = (checks.randn(shape, seed=seed + i, device=_dev).requires_grad_() for i in range(3))
+    do = checks.randn(shape, seed=seed + 3, device=_dev)
+    o = flash_torch(q, k, v, causal=causal, block_n=block_n)
+    label = f"{shape}, causal={causal}, block_n={block_n}"
+    attention.check_attention(o, q.detach(), k.detach(), v.detach(), causal, name=f"o for {label}")
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal, name=label)
+
+
+def _torch_footprint(n, d=32, block_n=32):
+    figures = []
+    for size in (n, 2 * n):
+        q, k, v = (checks.randn(1, 1, size, d, seed=650 + i, device=_dev).requires_grad_() for i in range(3))
+        figures.append(memory.footprint(lambda *t: flash_torch(*t, causal=True, block_n=block_n), q, k, v)[2])
+    small, large = figures
+    scores = (2 * n) ** 2 * 4
+    for key in ("saved_bytes", "kept_bytes", "python_bytes"):
+        assert getattr(large, key) < scores, f"{key}: {getattr(large, key)} at N={2 * n}, an N x N matrix is {scores}"
+    for key in ("saved_bytes", "kept_bytes"):
+        assert getattr(large, key) <= 2 * getattr(small, key) + 256, f"{key} grows faster than N"
+    for size, fig in ((n, small), (2 * n, large)):
+        assert fig.largest_elements < size * size, (
+            f"the {fig.largest_phase} created a tensor of shape {fig.largest_shape} at N={size}: not tiled")
+    return large
+
+
+# One token; ragged against the block; several blocks, causal and not.
+for _causal in (False, True):
+    for _shape, _bn in [((1, 1, 1, 16), 16), ((1, 2, 37, 16), 16), ((2, 1, 100, 32), 32)]:
+        _torch_case(_shape, _causal, _bn, seed=80)
+_fig = _torch_footprint(128)
+print(f"flash_torch: visible tests passed (at N=256: {_fig.saved_bytes} bytes saved, "
+      f"largest tensor {_fig.largest_shape})")
+### BEGIN HIDDEN TESTS
+for _causal in (True, False):
+    for _shape, _bn in [((1, 2, 70, 32), 64), ((2, 2, 45, 16), 8), ((1, 1, 64, 32), 16)]:
+        _torch_case(_shape, _causal, _bn, seed=90)
+_torch_footprint(256)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. The forward kernel
 #
 # Write `attn_fwd_kernel` with exactly the signature below. `flash(q, k, v,
 # causal=..., kernels={"fwd": attn_fwd_kernel})` (the launcher `attention.flash_attention` with the
@@ -386,42 +611,13 @@ attention.check_attention(_o, _q, _k, _v, True, name="o for strided views of a f
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. The backward pass
+# ## 6. The backward kernels
 #
-# Let $dO$ be the gradient arriving at the output. Going back through $O = PV$, the softmax and
-# $S = \tau QK^\top$:
+# The kernels compute what your `FlashAttentionTorch.backward` computes, one tile at a time: the
+# same $P = e^{\tau QK^\top - \mathrm{lse}}$ rebuilt from $Q$, $K$ and the saved logsumexp, the
+# same $\delta = \operatorname{rowsum}(dO \circ O)$, the same five products. What changes is who
+# computes what.
 #
-# $$dV = P^\top dO,\qquad dP = dO\, V^\top,\qquad dS_{ij} = P_{ij}\Big(dP_{ij} - \sum_l P_{il}\, dP_{il}\Big),
-#   \qquad dQ = \tau\, dS\, K,\qquad dK = \tau\, dS^\top Q.$$
-#
-# The softmax step is its Jacobian, $\partial P_{ij}/\partial S_{il} = P_{ij}(\delta_{jl} - P_{il})$.
-# Its row sum simplifies: $\sum_l P_{il}\,dP_{il} = \sum_l P_{il} \sum_c dO_{ic} V_{lc} =
-# \sum_c dO_{ic}\, O_{ic}$. So
-#
-# $$\delta_i = \sum_c dO_{ic}\, O_{ic},\qquad dS = P \circ (dP - \delta),$$
-#
-# one number per row, from two $N \times d$ tensors: no $N \times N$ reduction. And $P$ itself is
-# never stored: $P_{ij} = \exp(\tau\,q_i\cdot k_j - \mathrm{lse}_i)$ rebuilds any tile exactly,
-# already normalised, from $Q$, $K$ and the saved logsumexp. Recomputing the scores costs one
-# extra matmul per tile; storing them would cost the $N^2$ traffic and memory we set out to avoid.
-# The formulas, against autograd, in fp64:
-
-# %%
-qd, kd, vd = (checks.randn(1, 2, 50, 16, seed=i, dtype=torch.float64).requires_grad_() for i in range(3))
-grad_out = checks.randn(1, 2, 50, 16, seed=9, dtype=torch.float64)
-tau = 16**-0.5
-auto = torch.autograd.grad(attention.attention_ref(qd, kd, vd, causal=True), (qd, kd, vd), grad_out)
-with torch.no_grad():
-    lse_d = attention.logsumexp_ref(qd, kd, causal=True)
-    probs = torch.exp(tau * qd @ kd.transpose(-1, -2) - lse_d[..., None]).tril()
-    out_d = probs @ vd
-    delta_d = (grad_out * out_d).sum(-1, keepdim=True)
-    d_scores = probs * (grad_out @ vd.transpose(-1, -2) - delta_d)
-    manual = (tau * d_scores @ kd, tau * d_scores.transpose(-1, -2) @ qd, probs.transpose(-1, -2) @ grad_out)
-for label, a, b in zip(("dq", "dk", "dv"), manual, auto):
-    print(f"{label}: largest difference from autograd {(a - b).abs().max().item():.1e}")
-
-# %% [markdown]
 # ### Splitting the work without atomics
 #
 # $dK_j$ and $dV_j$ sum over every query that sees key $j$; $dQ_i$ sums over every key that query
@@ -443,19 +639,27 @@ for label, a, b in zip(("dq", "dk", "dv"), manual, auto):
 # Layouts as in the forward: `q`, `k`, `v`, `do`, `dq`, `dk`, `dv` share `stride_z` and
 # `stride_row`; `lse` and `delta` are fp32 `Z × N`. The gradients start as NaN on the CPU.
 #
-# Masks, again, are most of the work:
+# ### 6a. The core: $\delta$ and the dK/dV kernel (graded `attention_bwd`, 3 points)
 #
-# - rows past `N` load as zeros; make sure they add nothing (a zero `do` row gives zero $dV$ and
-#   $dP$ terms, but mask the recomputed probabilities anyway);
-# - where a score is masked (key past `N`, or after the query), the recomputed probability must
-#   be 0: set the score to `-inf` *before* the exponential, as in the forward. A masked score was
-#   never part of the row's logsumexp and may exceed it, so its exponential could overflow;
-# - causal: the dK/dV loop can start at the query block that holds the key block's first key,
-#   the dQ loop can stop at the end of its own query block;
-# - cast the probability and $dS$ tiles to the inputs' type before `tl.dot`, and the results to the
-#   output's element type when storing.
+# Write `attn_bwd_preprocess_kernel` whole (a masked load of an `o` and a `do` tile, one row sum,
+# a masked store: it is the forward's first and last lines). In `attn_bwd_dkdv_kernel` the
+# program's setup, its loads, the loop over query blocks and the stores are written for you; write
+# the body of the loop. The tile is transposed, keys down and queries across, so that $dV$ and
+# $dK$ are plain products of a tile with rows of `do` and `q`:
 #
-# `tl.trans(x)` transposes a tile. The graded test uses your forward kernel with your backward.
+# 1. `s_t = tl.dot(k, tl.trans(q)) * qk_scale`: `BLOCK_N × BLOCK_M` scores, in base-2 units
+#    (`qk_scale` already holds $\tau \log_2 e$);
+# 2. mask them: queries past `N` (`in_rows`) and, for causal attention, queries before the key
+#    (`offs_m[None, :] >= offs_n[:, None]` is where a score is kept). A masked score becomes
+#    `-inf` **before** the exponential: it was never part of the row's logsumexp and may exceed
+#    it, so its exponential could overflow;
+# 3. `p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)`: the probabilities, transposed;
+# 4. `dv += P^T dO`, then `dp_t = V dO^T`, `ds_t = p_t * (dp_t - delta[None, :])`, `dk += dS^T Q`.
+#    Accumulate with `tl.dot(a, b, acc)`, casting `p_t` and `ds_t` to the inputs' type first (they
+#    are fp32; on a GPU the products run on the fp16 tensor cores).
+#
+# The graded test feeds your two kernels the reference forward's `o` and logsumexp
+# (`attention.backward_parts`), so they are judged on their own, not through your forward kernel.
 
 # %% nbgrader={"grade_id": "attn_bwd_code", "solution": true}
 from fastdl_lab import device  # noqa: F401  (before triton: the interpreter is on without a GPU)
@@ -484,7 +688,6 @@ def attn_bwd_preprocess_kernel(o_ptr, do_ptr, delta_ptr, stride_z, stride_row, N
 def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_z, stride_row,
                          N, scale, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          HEAD_DIM: tl.constexpr):
-    ### BEGIN SOLUTION
     pid_n = tl.program_id(0)
     z = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -498,6 +701,8 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     qk_scale = scale * 1.4426950408889634
 
+    # Causal: queries before this key block cannot see it; start at the query block holding the
+    # block's first key.
     if CAUSAL:
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
     else:
@@ -510,6 +715,7 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
         do = tl.load(do_ptr + q_offs, mask=in_rows[:, None], other=0.0)
         lse = tl.load(lse_ptr + z * N + offs_m, mask=in_rows, other=0.0)
         delta = tl.load(delta_ptr + z * N + offs_m, mask=in_rows, other=0.0)
+        ### BEGIN SOLUTION
         s_t = tl.dot(k, tl.trans(q)) * qk_scale
         valid = in_rows[None, :]
         if CAUSAL:
@@ -519,10 +725,64 @@ def attn_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr
         dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        ### END SOLUTION
 
     tl.store(dk_ptr + kv_offs, (dk * scale).to(dk_ptr.dtype.element_ty), mask=in_keys[:, None])
     tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=in_keys[:, None])
-    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "attention_bwd", "grade": true, "points": 3}
+import torch
+
+from fastdl_lab import attention, checks, device
+
+_dev = "cuda" if device.has_gpu() else "cpu"
+_core = {"bwd_preprocess": attn_bwd_preprocess_kernel, "bwd_dkdv": attn_bwd_dkdv_kernel}
+
+
+def _bwd(kernels, shape, dtype, causal, block_m, block_n, seed, spread=1.0):
+    q, k, v = (checks.randn(shape, dtype=dtype, seed=seed + i, device=_dev, scale=spread) for i in range(3))
+    do = checks.randn(shape, dtype=dtype, seed=seed + 3, device=_dev)
+    grads = attention.backward_parts(q, k, v, do, kernels, causal=causal, block_m=block_m, block_n=block_n)
+    attention.check_attention_grads(grads, q, k, v, do, causal,
+                                    name=f"{shape}, {dtype}, causal={causal}, blocks {block_m}x{block_n}:")
+
+
+# Ragged lengths over several tiles, head dims 32 and 64, causal and not; one fp16 case.
+for _causal in (False, True):
+    for _shape, _bm, _bn in [((1, 1, 1, 32), None, None), ((1, 2, 37, 64), 32, 32), ((2, 1, 100, 32), 32, 64)]:
+        _bwd(_core, _shape, torch.float32, _causal, _bm, _bn, seed=400)
+_bwd(_core, (1, 2, 70, 64), torch.float16, True, 32, 32, seed=410)
+print("attention_bwd: visible tests passed (dK and dV)")
+### BEGIN HIDDEN TESTS
+for _causal in (True, False):
+    for _shape, _bm, _bn in [((1, 2, 130, 64), 64, 32), ((2, 2, 64, 32), 32, 32), ((1, 1, 150, 64), None, None),
+                             ((1, 1, 17, 32), 16, 16)]:
+        _bwd(_core, _shape, torch.float32, _causal, _bm, _bn, seed=500)
+    _bwd(_core, (1, 2, 100, 32), torch.float16, _causal, 32, 64, seed=510)
+_bwd(_core, (1, 1, 60, 128), torch.float32, True, 32, 16, seed=520)
+_bwd(_core, (1, 2, 80, 32), torch.float32, False, 16, 32, seed=530, spread=4.0)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### 6b. Optional: the dQ kernel (graded `attention_bwd_dq`, 1 point)
+#
+# This part is optional: skip it if you are short of time. Nothing else in the lab needs it; the
+# cells below that would use your whole backward say so and carry on without it.
+#
+# Write `attn_bwd_dq_kernel` from its signature alone, with the dK/dV kernel as your model: one
+# program per block of `BLOCK_M` queries (`tl.program_id(0)`) of slice `tl.program_id(1)`, which
+# loads its `q`, `do`, `lse` and `delta` once, loops over the key blocks (for causal attention, up
+# to the end of its own query block, as the forward does), recomputes the `BLOCK_M × BLOCK_N` tile
+# of $P$ (not transposed this time), and accumulates $dQ \mathrel{+}= dS\,K$ with
+# $dS = P \circ (dO\,V^\top - \delta)$; it stores $\tau\, dQ$ in `dq_ptr`'s element type. It is
+# graded with the reference's $\delta$, so it does not depend on your preprocess kernel.
+
+# %% nbgrader={"grade_id": "attn_bwd_dq_code", "solution": true}
+from fastdl_lab import device  # noqa: F401  (before triton: the interpreter is on without a GPU)
+
+import triton
+import triton.language as tl
 
 
 @triton.jit
@@ -567,48 +827,56 @@ def attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     ### END SOLUTION
 
 
-# %% nbgrader={"grade_id": "attention_bwd", "grade": true, "points": 4}
+# %% nbgrader={"grade_id": "attention_bwd_dq", "grade": true, "points": 1}
 import torch
 
 from fastdl_lab import attention, checks, device
 
 _dev = "cuda" if device.has_gpu() else "cpu"
-_kernels = {"fwd": attn_fwd_kernel, "bwd_preprocess": attn_bwd_preprocess_kernel,
-            "bwd_dkdv": attn_bwd_dkdv_kernel, "bwd_dq": attn_bwd_dq_kernel}
+_optional = {"bwd_dq": attn_bwd_dq_kernel}
 
 
-def _bwd(shape, dtype, causal, block_m, block_n, seed, spread=1.0):
-    q, k, v = (checks.randn(shape, dtype=dtype, seed=seed + i, device=_dev, scale=spread).requires_grad_()
-               for i in range(3))
+def _dq(shape, dtype, causal, block_m, block_n, seed):
+    q, k, v = (checks.randn(shape, dtype=dtype, seed=seed + i, device=_dev) for i in range(3))
     do = checks.randn(shape, dtype=dtype, seed=seed + 3, device=_dev)
-    o = flash(q, k, v, causal=causal, kernels=_kernels, block_m=block_m, block_n=block_n)
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal,
+    grads = attention.backward_parts(q, k, v, do, _optional, causal=causal, block_m=block_m, block_n=block_n)
+    attention.check_attention_grads(grads, q, k, v, do, causal,
                                     name=f"{shape}, {dtype}, causal={causal}, blocks {block_m}x{block_n}:")
 
 
-# Ragged lengths over several tiles, head dims 32 and 64, causal and not; one fp16 case.
-for _causal in (False, True):
-    for _shape, _bm, _bn in [((1, 1, 1, 32), None, None), ((1, 2, 37, 64), 32, 32), ((2, 1, 100, 32), 32, 64)]:
-        _bwd(_shape, torch.float32, _causal, _bm, _bn, seed=400)
-_bwd((1, 2, 70, 64), torch.float16, True, 32, 32, seed=410)
-print("attention_bwd: visible tests passed")
+if attention.kernel_written(attn_bwd_dq_kernel):
+    for _causal in (False, True):
+        for _shape, _bm, _bn in [((1, 1, 1, 32), None, None), ((1, 2, 37, 64), 32, 32), ((2, 1, 100, 32), 32, 64)]:
+            _dq(_shape, torch.float32, _causal, _bm, _bn, seed=440)
+    _dq((1, 2, 70, 64), torch.float16, True, 32, 32, seed=450)
+    print("attention_bwd_dq: visible tests passed (dQ)")
+else:
+    print("attention_bwd_dq: the optional dQ kernel is not written yet; skipped")
 ### BEGIN HIDDEN TESTS
 for _causal in (True, False):
-    for _shape, _bm, _bn in [((1, 2, 130, 64), 64, 32), ((2, 2, 64, 32), 32, 32), ((1, 1, 150, 64), None, None),
-                             ((1, 1, 17, 32), 16, 16)]:
-        _bwd(_shape, torch.float32, _causal, _bm, _bn, seed=500)
-    _bwd((1, 2, 100, 32), torch.float16, _causal, 32, 64, seed=510)
-_bwd((1, 1, 60, 128), torch.float32, True, 32, 16, seed=520)
-_bwd((1, 2, 80, 32), torch.float32, False, 16, 32, seed=530, spread=4.0)
-_qs, _ks, _vs = (checks.randn(1, 2, 40, 32, seed=540 + i, device=_dev).requires_grad_() for i in range(3))
-flash(_qs, _ks, _vs, causal=True, kernels=_kernels, block_m=16, block_n=16).sum().backward()
-attention.check_attention_grads((_qs.grad, _ks.grad, _vs.grad), _qs.detach(), _ks.detach(), _vs.detach(),
-                                torch.ones(1, 2, 40, 32, device=_dev), True, name="gradient of a sum:")
+    for _shape, _bm, _bn in [((1, 2, 130, 64), 64, 32), ((2, 2, 64, 32), 32, 32), ((1, 1, 17, 32), 16, 16)]:
+        _dq(_shape, torch.float32, _causal, _bm, _bn, seed=560)
+    _dq((1, 2, 100, 32), torch.float16, _causal, 32, 64, seed=570)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 6. Wiring into autograd, and what it keeps
+# With all four kernels, your `FlashAttention` class trains: the gradient of a loss flows through
+# your forward kernel, then your three backward kernels.
+
+# %%
+_all = {"fwd": attn_fwd_kernel, "bwd_preprocess": attn_bwd_preprocess_kernel, "bwd_dkdv": attn_bwd_dkdv_kernel,
+        "bwd_dq": attn_bwd_dq_kernel}
+if attention.kernel_written(attn_bwd_dq_kernel):
+    qs, ks, vs = (checks.randn(1, 2, 40, 32, seed=540 + i, device=DEV).requires_grad_() for i in range(3))
+    flash(qs, ks, vs, causal=True, kernels=_all, block_m=16, block_n=16).sum().backward()
+    attention.check_attention_grads((qs.grad, ks.grad, vs.grad), qs.detach(), ks.detach(), vs.detach(),
+                                    torch.ones(1, 2, 40, 32, device=DEV), True, name="gradient of a sum:")
+    print("forward and backward kernels together: the gradients of a sum match")
+else:
+    print("skipped: needs the optional dQ kernel")
+
+# %% [markdown]
+# ## 7. Wiring into autograd, and what it keeps
 #
 # Your `FlashAttention` decides what autograd keeps. The backward kernels recompute every score
 # tile from $Q$, $K$ and the logsumexp, so $Q$, $K$, $V$, $O$ and one fp32 number a row are all
@@ -645,17 +913,17 @@ plt.show()
 # peak during a full forward and backward:
 
 # %%
-if GPU:
+if not GPU:
+    print("needs a GPU: the CPU allocator keeps no peak; the saved-tensor bytes above are the figure")
+elif not attention.kernel_written(attn_bwd_dq_kernel):
+    print("skipped: a full backward needs the optional dQ kernel (section 6b)")
+else:
     for n in (1024, 4096, 8192):
         q, k, v = (checks.randn(4, 16, n, 64, dtype=torch.float16, seed=i, device="cuda").requires_grad_()
                    for i in range(3))
-        naive = memory.peak_memory_bytes(attention.attention_naive, q, k, v)
-        flash = memory.peak_memory_bytes(lambda *t: flash(
-            *t, kernels={"fwd": attn_fwd_kernel, "bwd_preprocess": attn_bwd_preprocess_kernel,
-                         "bwd_dkdv": attn_bwd_dkdv_kernel, "bwd_dq": attn_bwd_dq_kernel}), q, k, v)
-        print(f"N={n}: peak {naive / 2**30:.2f} GiB naive, {flash / 2**30:.2f} GiB flash")
-else:
-    print("needs a GPU: the CPU allocator keeps no peak; the saved-tensor bytes above are the figure")
+        naive_peak = memory.peak_memory_bytes(attention.attention_naive, q, k, v)
+        flash_peak = memory.peak_memory_bytes(lambda *t: flash(*t, kernels=_all), q, k, v)
+        print(f"N={n}: peak {naive_peak / 2**30:.2f} GiB naive, {flash_peak / 2**30:.2f} GiB flash")
 
 # %% nbgrader={"grade_id": "attention_memory", "grade": true, "points": 2}
 import torch
@@ -691,7 +959,7 @@ for _args, _kw in [((1, 1, 256, 32, torch.float16), {"causal": True}), ((1, 2, 1
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 7. What your kernels compile to
+# ## 8. What your kernels compile to
 #
 # As in lab 01, Triton compiles your kernels to PTX for a real GPU without one. The score and
 # gradient tiles are matrix products, so they should reach the tensor cores: `mma.sync` on an
@@ -699,14 +967,16 @@ for _args, _kw in [((1, 1, 256, 32, torch.float16), {"causal": True}), ((1, 2, 1
 # reduction and has none.
 
 # %%
-for which, kernel in (("fwd", attn_fwd_kernel), ("bwd_preprocess", attn_bwd_preprocess_kernel),
-                      ("bwd_dkdv", attn_bwd_dkdv_kernel), ("bwd_dq", attn_bwd_dq_kernel)):
+for which, kernel in _all.items():
+    if not attention.kernel_written(kernel):
+        print(f"{which:>15} sm_90: not written (optional)")
+        continue
     summary = triton_aot.ptx_summary(attention.ptx(90, torch.float16, which=which, kernel=kernel))
     print(f"{which:>15} sm_90: {summary['lines']:5} lines, {summary['wgmma']:3} wgmma, "
           f"{summary['global_loads']:3} global loads")
 
 # %% [markdown]
-# ## 8. Speed
+# ## 9. Speed
 #
 # On a GPU, attention is judged in TFLOP/s: `attention.attention_flops` counts the useful matrix
 # products ($4N^2d$ per head forward, $2.5\times$ that backward; causal attention half), and the
@@ -765,6 +1035,9 @@ else:
 # - The online softmax keeps a running maximum, a running sum and an unnormalised output, and
 #   rescales them by $e^{m - m'}$ whenever the maximum grows: the row is normalised once, at the
 #   end, and never has to exist in full.
+# - An `autograd.Function` decides what autograd keeps: saving $O$ and one logsumexp per row, and
+#   walking the key blocks again in the backward, makes the whole algorithm linear in memory in
+#   plain PyTorch, before any kernel is written.
 # - The forward kernel keeps a query block's state in registers and streams the keys: $Q, K, V$ in,
 #   $O$ and one logsumexp per row out.
 # - The backward rebuilds every probability tile from $Q$, $K$ and the logsumexp, uses

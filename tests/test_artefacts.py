@@ -122,6 +122,26 @@ def test_own_private_attributes_are_allowed():
     assert "self._adam_state" in module
 
 
+def test_an_autograd_context_holds_state_like_self():
+    source = ("class F(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x, n):\n"
+              "        ctx.n = n\n        ctx.save_for_backward(x)\n        return x\n")
+    assert "ctx.n = n" in artefacts.extract([source], ("F",), LIBRARY)
+    with pytest.raises(ArtefactRejected, match="assigning .n"):
+        artefacts.extract([source.replace("ctx.n = n", "context.n = n")], ("F",), LIBRARY)
+
+
+def test_a_kernel_with_the_release_stub_left_in_is_named_unfinished():
+    from autograder.engine import kernels
+
+    scaffold = ("import triton\n@triton.jit\ndef k(x_ptr, N):\n    for i in range(N):\n"
+                "        # YOUR CODE HERE\n        raise NotImplementedError()\n")
+    with pytest.raises(kernels.KernelRejected, match="k is not finished: it still raises NotImplementedError"):
+        kernels.extract([scaffold], ("k",))
+    # Only the kernels an item needs are judged: an optional one left as released is no obstacle.
+    finished = "@triton.jit\ndef j(x_ptr):\n    pass\n"
+    assert "def j" in kernels.extract([scaffold, finished], ("j",))
+
+
 def test_missing_and_unparsable_cells_are_named():
     with pytest.raises(ArtefactRejected, match="no class, function or constant named Scaler"):
         artefacts.extract(["def other():\n    pass\n"], ("Scaler",))

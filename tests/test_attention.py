@@ -92,6 +92,99 @@ def test_bytes_and_flops_models():
 
 
 # ------------------------------------------------------------------------------------------------
+# FlashAttention in PyTorch
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n, block_n", [(1, 16), (37, 16), (100, 32), (64, 64), (45, 8)])
+def test_torch_flash_matches_sdpa(n, block_n, causal):
+    for dtype in (torch.float64, torch.float32):
+        q, k, v = _qkv((2, 3, n, 16), dtype, seed=3, requires_grad=True)
+        do = checks.randn(2, 3, n, 16, dtype=dtype, seed=6, device=DEV)
+        o = attention.flash_attention_torch(q, k, v, causal=causal, block_n=block_n)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert o.dtype == dtype and [g.dtype for g in grads] == [dtype] * 3
+        if dtype == torch.float64:
+            expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            checks.assert_close(o, expected)
+            for g, e in zip(grads, torch.autograd.grad(expected, (q, k, v), do)):
+                checks.assert_close(g, e)
+        else:
+            attention.check_attention(o, q.detach(), k.detach(), v.detach(), causal)
+            attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal)
+
+
+def test_torch_flash_takes_one_head_and_cross_attention_and_refuses_the_rest():
+    q = checks.randn(2, 20, 16, seed=1, device=DEV)
+    k, v = checks.randn(2, 70, 16, seed=2, device=DEV), checks.randn(2, 70, 16, seed=3, device=DEV)
+    checks.assert_close(attention.flash_attention_torch(q, k, v, block_n=32), F.scaled_dot_product_attention(q, k, v),
+                        atol=1e-5, rtol=1e-4)
+    with pytest.raises(attention.UnsupportedAttentionError, match="causal attention"):
+        attention.flash_attention_torch(q, k, v, is_causal=True)
+    with pytest.raises(ValueError, match="block_n"):
+        attention.flash_attention_torch(q, k, v, block_n=0)
+    with pytest.raises(ValueError, match="floating-point"):
+        attention.flash_attention_torch(*(torch.zeros(1, 4, 16, dtype=torch.int64) for _ in range(3)))
+
+
+def test_torch_flash_keeps_n_by_d_and_creates_nothing_n_by_n():
+    b, h, d, block_n = 1, 2, 16, 32
+    for n in (128, 256):
+        q, k, v = _qkv((b, h, n, d), requires_grad=True)
+        _, grads, fig = memory.footprint(
+            lambda *t: attention.flash_attention_torch(*t, causal=True, block_n=block_n), q, k, v)
+        attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), torch.ones_like(q), True)
+        # q, k, v by reference, then o and one logsumexp a row, which are all the forward leaves alive.
+        assert fig.saved_bytes == b * h * (3 * n * d + n * d + n) * 4
+        assert fig.kept_bytes == b * h * (n * d + n) * 4
+        assert fig.largest_elements == b * h * n * block_n  # one tile of scores per (batch, head)
+        assert fig.python_bytes < b * h * n * n * 4
+        _, _, naive = memory.footprint(lambda *t: attention.attention_ref(*t, causal=True), q, k, v)
+        assert naive.saved_bytes >= b * h * n * n * 4 and naive.largest_elements >= b * h * n * n
+
+
+def _hiding(where: str):
+    """Attention that keeps its N x N scores somewhere other than save_for_backward."""
+    stash = []
+
+    class Hiding(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            s = q @ k.transpose(-2, -1)
+            if where == "ctx":
+                ctx.s = s
+            elif where == "global":
+                stash.append(s)
+            else:
+                ctx.values = s.flatten().tolist()
+            ctx.save_for_backward(q, k, v)
+            return torch.softmax(s, -1) @ v
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v = ctx.saved_tensors
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    return Hiding.apply
+
+
+@pytest.mark.parametrize("where", ["ctx", "global", "python"])
+def test_footprint_finds_scores_kept_anywhere(where):
+    n = 128
+    q, k, v = _qkv((1, 1, n, 16), requires_grad=True)
+    fig = memory.footprint(_hiding(where), q, k, v)[2]
+    scores = n * n * 4
+    assert fig.largest_elements == n * n
+    if where == "python":
+        # A Python float is 24 bytes and a list slot 8 more: far above the tensor's 4 bytes.
+        assert fig.python_bytes >= scores and fig.kept_bytes < scores
+    else:
+        assert fig.kept_bytes >= scores
+        # The saved-tensor count sees a ctx attribute, not a list elsewhere.
+        assert (fig.saved_bytes >= scores) == (where == "ctx")
+
+
+# ------------------------------------------------------------------------------------------------
 # Forward
 
 
@@ -197,6 +290,35 @@ def test_gradients_of_peaked_scores_and_of_one_key(n, spread, scale):
     attention.check_attention(o, q.detach(), k.detach(), v.detach(), True, scale=scale)
     grads = torch.autograd.grad(o, (q, k, v), do)
     attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, True, scale=scale)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_parts_judge_each_kernel_on_its_own(causal):
+    q, k, v = _qkv((1, 2, 45, 32), seed=24)
+    do = checks.randn(1, 2, 45, 32, seed=27, device=DEV)
+    core = {key: attention.KERNELS[key] for key in ("bwd_preprocess", "bwd_dkdv")}
+    parts = attention.backward_parts(q, k, v, do, core, causal=causal, block_m=16, block_n=32)
+    assert set(parts) == {"dk", "dv"}
+    attention.check_attention_grads(parts, q, k, v, do, causal)
+    parts = attention.backward_parts(q, k, v, do, {"bwd_dq": attention.KERNELS["bwd_dq"]}, causal=causal, block_m=32)
+    assert set(parts) == {"dq"}
+    attention.check_attention_grads(parts, q, k, v, do, causal)
+    with pytest.raises(checks.MismatchError, match="dq"):
+        attention.check_attention_grads({"dq": parts["dq"] * 1.01}, q, k, v, do, causal)
+    with pytest.raises(ValueError, match="unknown gradient"):
+        attention.check_attention_grads({"dx": parts["dq"]}, q, k, v, do, causal)
+
+
+@triton.jit
+def _stub_kernel(x_ptr, N, BLOCK: tl.constexpr):
+    raise NotImplementedError()
+
+
+def test_kernel_written_tells_a_stub_from_a_kernel():
+    assert not attention.kernel_written(_stub_kernel)
+    assert all(attention.kernel_written(kernel) for kernel in attention.KERNELS.values())
+    assert attention.kernel_written(_dq_never_written)
 
 
 @pytest.mark.interpret
@@ -335,9 +457,11 @@ def test_unwritten_outputs_are_caught_and_kernels_replace_by_key():
 
 
 @pytest.mark.parametrize("args, kwargs, error, message", [
-    (((2, 16, 32), (2, 16, 32), (2, 16, 32)), {}, ValueError, "4-D"),
-    (((1, 1, 16, 48),) * 3, {}, ValueError, "head_dim 48"),
-    (((1, 1, 16, 32), (1, 1, 17, 32), (1, 1, 17, 32)), {}, ValueError, "same batch"),
+    (((2, 16), (2, 16), (2, 16)), {}, attention.UnsupportedAttentionError, r"expected \(batch, heads"),
+    (((1, 1, 16, 32), (1, 16, 32), (1, 16, 32)), {}, ValueError, "q is 4-D but k is 3-D"),
+    (((1, 1, 16, 32), (2, 1, 16, 32), (2, 1, 16, 32)), {}, ValueError, "batch"),
+    (((1, 1, 16, 32), (1, 1, 16, 32), (1, 1, 17, 32)), {}, ValueError, "16 keys but v has 17"),
+    (((1, 1, 16, 32), (1, 1, 16, 16), (1, 1, 16, 32)), {}, ValueError, "one head_dim"),
     (((1, 1, 16, 32),) * 3, {"block_m": 48}, ValueError, "power of two"),
     (((1, 1, 16, 32),) * 3, {"block_n": 8}, ValueError, "power of two"),
     (((1, 1, 16, 32),) * 3, {"kernels": {"bwd": None}}, ValueError, "unknown kernel"),
@@ -351,10 +475,60 @@ def test_validation_messages(args, kwargs, error, message):
         attention.flash_attention(*tensors, **kwargs)
 
 
+# What the kernels do not compute is refused by name, with the way round it, before any reshape.
+@pytest.mark.parametrize("shapes, kwargs, message", [
+    (((1, 1, 16, 32), (1, 1, 17, 32), (1, 1, 17, 32)), {}, "16 queries but 17 keys: these kernels compute self"),
+    (((1, 16, 32), (1, 20, 32), (1, 20, 32)), {"is_causal": True}, "causal attention lets query i see"),
+    (((1, 1, 16, 48),) * 3, {}, "head_dim 48 is not supported"),
+    (((1, 2, 16, 256),) * 3, {}, "head_dim 256 is not supported"),
+    (((1, 1, 16, 32), (1, 1, 16, 32), (1, 1, 16, 64)), {}, "v has head_dim 64"),
+    (((1, 4, 16, 32), (1, 2, 16, 32), (1, 2, 16, 32)), {}, "grouped-query attention is not supported"),
+    (((1, 1, 16, 32),) * 3, {"attn_mask": torch.ones(16, 16, dtype=torch.bool)}, "attn_mask is not supported"),
+    (((1, 1, 16, 32),) * 3, {"dropout_p": 0.1}, "dropout_p=0.1 is not supported"),
+])
+def test_unsupported_inputs_raise_a_named_error(shapes, kwargs, message):
+    tensors = [torch.zeros(shape, device=DEV) for shape in shapes]
+    with pytest.raises(attention.UnsupportedAttentionError, match=message):
+        attention.flash_attention(*tensors, **kwargs)
+    if not {"attn_mask", "dropout_p"} & set(kwargs):
+        with pytest.raises(attention.UnsupportedAttentionError, match=message):
+            attention.FlashAttentionFunction.apply(*tensors, kwargs.get("is_causal", False))
+    assert issubclass(attention.UnsupportedAttentionError, ValueError)
+
+
+def test_causal_and_is_causal_must_agree():
+    x = torch.zeros(1, 1, 16, 32, device=DEV)
+    with pytest.raises(ValueError, match="disagree"):
+        attention.flash_attention(x, x, x, causal=True, is_causal=False)
+    with pytest.raises(TypeError, match="is_causal must be True or False"):
+        attention.flash_attention(x, x, x, is_causal="yes")
+
+
+@pytest.mark.interpret
+def test_called_like_scaled_dot_product_attention():
+    # (batch, tokens, head_dim) as one head, is_causal as a keyword, and the autograd.Function
+    # applied directly with its defaults: all as F.scaled_dot_product_attention would be called.
+    q, k, v = _qkv((2, 45, 32), seed=16, requires_grad=True)
+    do = checks.randn(2, 45, 32, seed=19, device=DEV)
+    for o in (attention.flash_attention(q, k, v, is_causal=True, block_m=16, block_n=32),
+              attention.FlashAttentionFunction.apply(q, k, v, True),
+              attention.FlashAttentionFunction.apply(q, k, v, is_causal=True)):
+        assert o.shape == (2, 45, 32)
+        expected = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+        checks.assert_close(o, expected, atol=1e-5, rtol=1e-4)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert [g.shape for g in grads] == [(2, 45, 32)] * 3
+        attention.check_attention_grads([g[:, None] for g in grads], q.detach()[:, None], k.detach()[:, None],
+                                        v.detach()[:, None], do[:, None], True)
+    q4, k4, v4 = (t.detach()[:, None].expand(2, 3, 45, 32) for t in (q, k, v))
+    checks.assert_close(attention.FlashAttentionFunction.apply(q4, k4, v4, False, 0.3),
+                        F.scaled_dot_product_attention(q4, k4, v4, scale=0.3), atol=1e-5, rtol=1e-4)
+
+
 def test_validation_of_types_and_dtypes():
     x = torch.zeros(1, 1, 16, 32, device=DEV)
     with pytest.raises(TypeError, match="causal"):
-        attention.flash_attention(x, x, x, causal=None)
+        attention.flash_attention(x, x, x, causal=2.5)
     with pytest.raises(TypeError, match="q must be"):
         attention.flash_attention([1.0], x, x)
     with pytest.raises(ValueError, match="cast"):

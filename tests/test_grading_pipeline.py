@@ -53,13 +53,15 @@ def test_release_leaks_no_solution_and_no_hidden_test(course):
     for lab in all_labs():
         source = nbformat.read(course.source(lab), as_version=4)
         release_text = course.release(lab).read_text()
-        secret_lines = set()
+        secret_lines, open_lines = set(), set()
+        regions = r"### BEGIN SOLUTION\n(.*?)### END SOLUTION|### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS"
         for cell in source.cells:
-            text = cell.source
-            for region in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", text, re.S):
-                secret_lines |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) > 12}
-            for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", text, re.S):
-                secret_lines |= {ln.strip() for ln in region.splitlines() if len(ln.strip()) > 12}
+            for region in re.findall(regions, cell.source, re.S):
+                secret_lines |= {ln.strip() for ln in "".join(region).splitlines() if len(ln.strip()) > 12}
+            open_lines |= {ln.strip() for ln in re.sub(regions, "", cell.source, flags=re.S).splitlines()}
+        # A line the source also shows outside every region (a scaffold's loads, which a solution
+        # elsewhere repeats) is handed out on purpose.
+        secret_lines -= open_lines
         assert secret_lines, f"{lab}: the source has no solution regions to hide"
         released = nbformat.reads(release_text, as_version=4)
         visible = {ln.strip() for c in released.cells for ln in c.source.splitlines()}
@@ -160,6 +162,17 @@ def test_bad_kernel_loses_only_its_items(course, cpu, fixture, status):
             assert "OutOfBoundsAccess: out-of-bounds store in kernel 'matmul_kernel'" in results[item].reason
             assert "far outside every tensor of the launch" in results[item].reason
     assert results["grouped_order"].status == "passed"
+
+
+def test_lab05_optional_dq_left_as_released_costs_only_its_point(course, cpu):
+    # The core backward is graded on the reference forward's output: neither the dQ kernel nor
+    # the forward kernel is needed for its points.
+    cells = {cell: source for cell, source in reference_solutions(course, "05_attention").items()
+             if cell not in ("attn_bwd_dq_code", "attn_fwd_code")}
+    make_submission(course, "05_attention", "core-only", cells)
+    results = engine(course, cpu, "05_attention", "core-only", only={"attention_bwd", "attention_bwd_dq"})
+    assert results["attention_bwd"].status == "passed" and results["attention_bwd"].score == 3
+    assert results["attention_bwd_dq"].status == "unanswered" and results["attention_bwd_dq"].score == 0
 
 
 def test_looping_kernel_times_out(course, cpu):

@@ -14,9 +14,9 @@ and refuses the submission when anything kept could reach past the names the gra
   namespace: ``__class__``, ``__globals__``, ``__import__``, ``__builtins__``), except
   ``super().__init__`` and ``.__name__``;
 - builtins that reach objects by name or run source (``getattr``, ``eval``, ``globals``, ...);
-- attributes with a leading underscore except on ``self`` / ``cls`` (``torch._foreach_*``,
+- attributes with a leading underscore except on ``self`` / ``cls`` / ``ctx`` (``torch._foreach_*``,
   ``torch._amp_update_scale_``, ``torch._C``: the library's private machinery);
-- assigning or deleting attributes of anything but ``self`` / ``cls`` (``torch.Tensor.item = ...``,
+- assigning or deleting attributes of anything but ``self`` / ``cls`` / ``ctx`` (``torch.Tensor.item = ...``,
   ``model.parameters = ...``: a rebound library method runs the student's code inside trusted
   code, after the instruments that count it have stopped);
 - attributes that lead to other modules (``sys``, ``modules``, ``importlib``, ``ops``) or start
@@ -48,7 +48,10 @@ DENIED_ATTRIBUTES = frozenset({
     "f_globals", "f_locals", "f_back", "gi_frame", "cr_frame", "tb_frame", "func_globals",
     "threading", "multiprocessing", "subprocess", "ctypes", "Thread", "Process",
 })
-OWN = frozenset({"self", "cls"})
+# An autograd.Function keeps its state on ``ctx`` as a class keeps it on ``self``. A name is only a
+# name: a method can be handed a library class as its ``self`` or ``ctx``, so an item whose figures
+# rest on library methods also names them as instruments (checked after the run).
+OWN = frozenset({"self", "cls", "ctx"})
 # Names only: a class's or function's name is a string, and error messages use it.
 HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__"})
 

@@ -135,5 +135,11 @@ def _extract(sources: list[str], required: tuple[str, ...]) -> str:
     missing = [name for name in required if name not in kernels]
     if missing:
         raise KernelRejected(f"the solution cells define no @triton.jit function named {missing[0]}")
+    # A scaffolded kernel with one part still the release's stub would otherwise fail to compile
+    # and be called "not a Triton kernel".
+    for fn in kept:
+        if isinstance(fn, ast.FunctionDef) and fn.name in required and pyast.raises_not_implemented(fn):
+            raise KernelRejected(f"{fn.name} is not finished: it still raises NotImplementedError where the "
+                                 "release left '# YOUR CODE HERE'")
     module = ast.Module(body=kept, type_ignores=[])
     return HEADER + ast.unparse(ast.fix_missing_locations(module)) + "\n"

@@ -10,7 +10,8 @@ from autograder.engine.items import Verdict
 # What a saved-bytes figure measured in the student's process rests on: bound before the cells
 # run, verified unchanged after them (``Item.instruments``).
 SAVED_TENSOR_INSTRUMENTS = (
-    "fastdl_lab.memory.saved_tensor_bytes", "fastdl_lab.memory._ctx_tensors", "fastdl_lab.memory._held",
+    "fastdl_lab.memory.saved_tensor_bytes", "fastdl_lab.memory._saved_storages", "fastdl_lab.memory._storage_key",
+    "fastdl_lab.memory._ctx_tensors", "fastdl_lab.memory._held",
     "torch.autograd.graph.saved_tensors_hooks.__init__", "torch.autograd.graph.saved_tensors_hooks.__enter__",
     "torch.autograd.graph.saved_tensors_hooks.__exit__", "torch._C._autograd._push_saved_tensors_default_hooks",
     "torch.Tensor.untyped_storage", "torch.save",

@@ -1,4 +1,6 @@
-"""Graded items of lab 05 flash attention: forward and backward kernels, O(N) memory, speed."""
+"""Graded items of lab 05 flash attention: FlashAttention in PyTorch (forward, backward and what it
+keeps), the Triton forward kernel, the backward kernels (a core and an optional part), O(N)
+memory of the student's wiring, speed."""
 
 from __future__ import annotations
 
@@ -7,32 +9,26 @@ import torch
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.labs import _common
 from autograder.labs._common import on_device, per_case, require_tensor, triton_kernel
+from autograder.labs._attention_torch import TORCH_ITEM
 from fastdl_lab import checks
 
 # Bound before any student cell runs (see lab01_gemm). In the child these come from the student
 # copy of the package, whose FlashAttentionFunction is an exercise: the grader wires the kernels
 # into autograd itself (below), so the kernel items do not depend on the student's wiring.
-from fastdl_lab.attention import STUDENT_KERNELS, launch_backward, launch_forward
+from fastdl_lab.attention import STUDENT_KERNELS, backward_parts, launch_forward
 from fastdl_lab.attention import flash_attention as _flash_attention
 from fastdl_lab.memory import saved_tensor_bytes as _saved_tensor_bytes
 
 
 class _GraderWiring(torch.autograd.Function):
+    """The forward kernel behind autograd, without the student's wiring (the kernel items run no backward)."""
+
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, kernels, config):
         b, h, n, d = q.shape
         q3, k3, v3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
-        o3, lse = launch_forward(kernels["fwd"], q3, k3, v3, causal, scale, config)
-        ctx.save_for_backward(q3, k3, v3, o3, lse)
-        ctx.causal, ctx.scale, ctx.kernels, ctx.config = causal, scale, kernels, config
+        o3, _ = launch_forward(kernels["fwd"], q3, k3, v3, causal, scale, config)
         return o3.view(q.shape)
-
-    @staticmethod
-    def backward(ctx, do):
-        q3, k3, v3, o3, lse = ctx.saved_tensors
-        grads = launch_backward(ctx.kernels, q3, k3, v3, o3, lse, do.contiguous().view(o3.shape),
-                                ctx.causal, ctx.scale, ctx.config)
-        return (*(g.view(do.shape) for g in grads), None, None, None, None)
 
 
 def _qkv(case: dict) -> list[torch.Tensor]:
@@ -92,32 +88,57 @@ def fwd_check(inputs: dict, outputs, params: dict) -> Verdict:
     return per_case(labels, check_one)
 
 
-def bwd_drive(ns: dict, inputs: dict) -> list:
-    kernels = _kernels(ns, "fwd", *(key for key in STUDENT_KERNELS if key != "fwd"))
-    grads = []
+# The backward: a core (delta and the dK/dV kernel) and an optional part (the dQ kernel), each fed
+# by the reference forward's o and logsumexp (``backward_parts``), so that neither depends on the
+# forward kernel or on the other.
+CORE_BWD = ("bwd_preprocess", "bwd_dkdv")
+OPTIONAL_BWD = ("bwd_dq",)
+
+
+def _bwd_drive(ns: dict, inputs: dict, keys: tuple[str, ...]) -> list:
+    kernels = _kernels(ns, *keys)
+    results = []
     for c in inputs["cases"]:
-        out, leaves = _run(c, kernels, requires_grad=True)
-        out.backward(on_device(c["do"]))
-        grads.append([None if t.grad is None else t.grad.cpu() for t in leaves])
-    return grads
+        q, k, v, do = (on_device(c[name]) for name in ("q", "k", "v", "do"))
+        parts = backward_parts(q, k, v, do, kernels, causal=c["causal"], block_m=c["block_m"], block_n=c["block_n"])
+        results.append({name: t.cpu() for name, t in parts.items()})
+    return results
 
 
-def bwd_check(inputs: dict, outputs, params: dict) -> Verdict:
+def bwd_drive(ns: dict, inputs: dict) -> list:
+    return _bwd_drive(ns, inputs, CORE_BWD)
+
+
+def dq_drive(ns: dict, inputs: dict) -> list:
+    return _bwd_drive(ns, inputs, OPTIONAL_BWD)
+
+
+def _bwd_check(inputs: dict, outputs, names: tuple[str, ...]) -> Verdict:
     from fastdl_lab.attention import check_attention_grads
 
     cases = inputs["cases"]
     if not isinstance(outputs, list) or len(outputs) != len(cases):
-        return Verdict.failed(f"expected {len(cases)} gradient triples, got {type(outputs).__name__}")
+        return Verdict.failed(f"expected {len(cases)} sets of gradients, got {type(outputs).__name__}")
     labels = [_label(c) for c in cases]
 
     def check_one(i: int) -> None:
-        c = cases[i]
-        for grad, name in zip(outputs[i], ("dq", "dk", "dv"), strict=True):
-            require_tensor(grad, f"{name} for {labels[i]}")
-        check_attention_grads([on_device(g) for g in outputs[i]], *_qkv(c), on_device(c["do"]), c["causal"],
-                              name=labels[i])
+        c, result = cases[i], outputs[i]
+        if not isinstance(result, dict):
+            raise AssertionError(f"expected gradients by name, got {type(result).__name__}")
+        for name in names:
+            require_tensor(result.get(name), f"{name} for {labels[i]}")
+        check_attention_grads({name: on_device(result[name]) for name in names}, *_qkv(c), on_device(c["do"]),
+                              c["causal"], name=labels[i])
 
     return per_case(labels, check_one)
+
+
+def bwd_check(inputs: dict, outputs, params: dict) -> Verdict:
+    return _bwd_check(inputs, outputs, ("dk", "dv"))
+
+
+def dq_check(inputs: dict, outputs, params: dict) -> Verdict:
+    return _bwd_check(inputs, outputs, ("dq",))
 
 
 def memory_inputs(seed: int, params: dict) -> dict:
@@ -197,10 +218,15 @@ LAB = LabSpec(
     name="05_attention",
     preamble="from fastdl_lab import device\n",
     items=[
+        TORCH_ITEM,
         Item("attention_fwd", 4, ("attn_fwd_code",), fwd_inputs, fwd_drive, fwd_check,
              kernels=FORWARD, description="Triton FlashAttention forward: ragged lengths, causal and not, head dims, fp32/fp16"),
-        Item("attention_bwd", 4, ("attn_fwd_code", "attn_bwd_code"), fwd_inputs, bwd_drive, bwd_check,
-             kernels=tuple(STUDENT_KERNELS.values()), description="dQ, dK, dV recomputed from Q, K and the logsumexp"),
+        Item("attention_bwd", 3, ("attn_bwd_code",), fwd_inputs, bwd_drive, bwd_check,
+             kernels=tuple(STUDENT_KERNELS[key] for key in CORE_BWD),
+             description="the core backward: delta, then dK and dV recomputed from Q, K and the logsumexp"),
+        Item("attention_bwd_dq", 1, ("attn_bwd_dq_code",), fwd_inputs, dq_drive, dq_check,
+             kernels=tuple(STUDENT_KERNELS[key] for key in OPTIONAL_BWD),
+             description="optional: the dQ kernel, one program per query block"),
         Item("attention_memory", 2, ("attn_fwd_code", "attn_function_code"), memory_inputs, memory_drive,
              memory_check, kind="mechanism", instruments=MEMORY_INSTRUMENTS, description="the student's autograd wiring keeps nothing N x N"),
         Item("attention_speed", 2, ("attn_fwd_code",), speed_inputs, kind="speed", check=speed_check,

@@ -30,8 +30,6 @@ import triton
 import triton.language as tl
 
 
-
-
 @triton.jit
 def _attn_bwd_preprocess_kernel(o_ptr, do_ptr, delta_ptr, stride_z, stride_row, N,
                                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -144,19 +142,36 @@ def _attn_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     ### END SOLUTION
 
 
-def launch_backward(kernels, q, k, v, o, lse, do, causal: bool, scale: float, config: dict):
-    """dq, dk, dv for (Z, N, D) tensors with one layout (``kernels`` maps the backward keys to kernels)."""
+def launch_backward_dkdv(kernels, q, k, v, o, lse, do, causal: bool, scale: float, config: dict):
+    """dk, dv and delta for (Z, N, D) tensors with one layout: the preprocess and dK/dV kernels of ``kernels``."""
     z, n, d = q.shape
-    dq, dk, dv = (checks.output_buffer((z, n, d), q.dtype, q) for _ in range(3))
-    if not (z and n):
-        return dq, dk, dv
+    dk, dv = (checks.output_buffer((z, n, d), q.dtype, q) for _ in range(2))
     delta = checks.output_buffer((z, n), torch.float32, q)
+    if not (z and n):
+        return dk, dv, delta
     bm, bn = config["bwd_block_m"], config["bwd_block_n"]
-    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     kernels["bwd_preprocess"][(triton.cdiv(n, bm), z)](o, do, delta, q.stride(0), q.stride(1), n,
                                                        BLOCK_M=bm, HEAD_DIM=d)
     kernels["bwd_dkdv"][(triton.cdiv(n, bn), z)](q, k, v, do, lse, delta, dk, dv, q.stride(0), q.stride(1), n,
-                                                 scale, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, **launch)
-    kernels["bwd_dq"][(triton.cdiv(n, bm), z)](q, k, v, do, lse, delta, dq, q.stride(0), q.stride(1), n, scale,
-                                               CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, **launch)
+                                                 scale, CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d,
+                                                 num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return dk, dv, delta
+
+
+def launch_backward_dq(kernel, q, k, v, do, lse, delta, causal: bool, scale: float, config: dict):
+    """dq for (Z, N, D) tensors with one layout, from ``kernel`` (the dQ kernel's arguments) and delta."""
+    z, n, d = q.shape
+    dq = checks.output_buffer((z, n, d), q.dtype, q)
+    if z and n:
+        bm, bn = config["bwd_block_m"], config["bwd_block_n"]
+        kernel[(triton.cdiv(n, bm), z)](q, k, v, do, lse, delta, dq, q.stride(0), q.stride(1), n, scale,
+                                        CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d,
+                                        num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return dq
+
+
+def launch_backward(kernels, q, k, v, o, lse, do, causal: bool, scale: float, config: dict):
+    """dq, dk, dv for (Z, N, D) tensors with one layout (``kernels`` maps the backward keys to kernels)."""
+    dk, dv, delta = launch_backward_dkdv(kernels, q, k, v, o, lse, do, causal, scale, config)
+    dq = launch_backward_dq(kernels["bwd_dq"], q, k, v, do, lse, delta, causal, scale, config)
     return dq, dk, dv

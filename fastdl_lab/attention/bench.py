@@ -3,7 +3,8 @@
 On a GPU: TFLOP/s of the Triton kernels, of naive attention and of
 ``F.scaled_dot_product_attention`` across sequence lengths, forward and forward + backward. On
 the CPU, where the interpreter's speed says nothing about a kernel's: the deterministic figure,
-bytes autograd saves for the backward, naive against flash, across sequence lengths; naive
+bytes autograd saves for the backward, naive against flash (the kernels, and FlashAttention in
+plain PyTorch), across sequence lengths; naive
 attention against PyTorch's fused CPU kernel (real CPU timings); and the interpreter's time on one
 small case, recorded so that nobody mistakes it for the kernel's.
 """
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from fastdl_lab import checks, device
 from fastdl_lab.attention.function import check_attention, check_attention_grads, flash_attention
 from fastdl_lab.attention.reference import attention_flops, attention_naive, attention_ref
+from fastdl_lab.attention.torch_flash import flash_attention_torch
 
 BENCHMARK = {
     "name": "attention",
@@ -71,7 +73,8 @@ def _cpu_rows(reps: int, log) -> list[dict]:
     for dtype in BENCHMARK["dtypes"]["cpu"]:
         for n in BENCHMARK["cpu"]["saved_bytes"]["ns"]:
             q, k, v, _ = _inputs((b, h, n, d), dtype, "cpu", requires_grad=True)
-            for variant, fn in (("naive", attention_ref), ("flash", flash_attention)):
+            for variant, fn in (("naive", attention_ref), ("flash", flash_attention),
+                                ("flash_torch", flash_attention_torch)):
                 saved = memory.saved_tensor_bytes(fn, q, k, v)
                 rows.append(_row(variant, "fwd", False, (b, h, n, d), dtype, saved=saved))
                 log(f"{variant:>6} saved for backward, N={n:>5}: {saved / 2**20:9.3f} MiB")
@@ -140,9 +143,13 @@ def check() -> None:
         for shape, block in [((1, 1, 1, 32), None), ((1, 2, 37, 64), 32), ((2, 1, 100, 32), None)]:
             for causal in (False, True):
                 q, k, v, do = _inputs(shape, dtype, dev, requires_grad=True)
-                o = flash_attention(q, k, v, causal=causal, block_m=block, block_n=block)
-                label = f"{shape} {dtype} causal={causal}"
-                check_attention(o, q.detach(), k.detach(), v.detach(), causal, name=f"o {label}")
-                grads = torch.autograd.grad(o, (q, k, v), do)
-                check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal, name=label)
+                for name, fn in (("flash", flash_attention), ("flash_torch", flash_attention_torch)):
+                    if name == "flash":
+                        o = fn(q, k, v, causal=causal, block_m=block, block_n=block)
+                    else:
+                        o = fn(q, k, v, causal=causal, block_n=block or 64)
+                    label = f"{name} {shape} {dtype} causal={causal}"
+                    check_attention(o, q.detach(), k.detach(), v.detach(), causal, name=f"o {label}")
+                    grads = torch.autograd.grad(o, (q, k, v), do)
+                    check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal, name=label)
     print("attention: checks passed")

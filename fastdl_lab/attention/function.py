@@ -4,17 +4,20 @@ configuration, the ``torch.autograd.Function``, the correctness rules, and PTX f
 
 from __future__ import annotations
 
+import inspect
 import math
+import textwrap
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from fastdl_lab import checks, device
+from fastdl_lab import checks, device, pyast
 from fastdl_lab.attention.backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel,
-                                           launch_backward)
+                                           launch_backward, launch_backward_dkdv, launch_backward_dq)
 from fastdl_lab.attention.forward import _attn_fwd_kernel, launch_forward
-from fastdl_lab.attention.reference import _scale, attention_ref, causal_mask
+from fastdl_lab.attention.inputs import check_qkv, refuse_options, resolve_causal
+from fastdl_lab.attention.reference import _scale, attention_ref, causal_mask, logsumexp_ref
 
 KERNELS = {"fwd": _attn_fwd_kernel, "bwd_preprocess": _attn_bwd_preprocess_kernel,
            "bwd_dkdv": _attn_bwd_dkdv_kernel, "bwd_dq": _attn_bwd_dq_kernel}
@@ -50,26 +53,7 @@ def default_config(head_dim: int, dtype: torch.dtype, on_gpu: bool, block_m: int
             "num_warps": warps, "num_stages": stages}
 
 
-def _validate(q, k, v, causal, scale, kernels, block_m, block_n) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(t.shape)}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"q is {q.dtype} but {name} is {t.dtype}; cast one of them first")
-        if t.device != q.device:
-            raise ValueError(f"q is on {q.device} but {name} is on {t.device}")
-        if t.shape != q.shape:
-            raise ValueError(f"q has shape {tuple(q.shape)} but {name} has {tuple(t.shape)}: this kernel needs "
-                             "the same batch, heads, tokens and head_dim for q, k and v")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head_dim {q.shape[-1]} not supported; use one of {HEAD_DIMS}")
-    device.check_kernel_tensor(q, "q, k and v are")
-    # By equality: 0 / 1 and NumPy booleans pass, a string or None does not.
-    if causal not in (True, False):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+def _validate_options(scale, kernels, block_m, block_n) -> None:
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number or None, got {scale!r}")
     if kernels is not None:
@@ -83,19 +67,40 @@ def _validate(q, k, v, causal, scale, kernels, block_m, block_n) -> None:
             raise ValueError(f"{name} must be a power of two >= 16 (a tl.dot dimension), got {size!r}")
 
 
+def _prepare(q, k, v, causal, scale, kernels, block_m=None, block_n=None):
+    """Validate; returns (causal, scale as a float, every kernel by key, launch configuration)."""
+    causal = resolve_causal(causal, None)
+    check_qkv(q, k, v, head_dims=HEAD_DIMS, causal=causal)
+    device.check_kernel_tensor(q, "q, k and v are")
+    _validate_options(scale, kernels, block_m, block_n)
+    d = q.shape[-1]
+    config = default_config(d, q.dtype, q.is_cuda, block_m, block_n)
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return causal, sm_scale, {**KERNELS, **(kernels or {})}, config
+
+
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd wiring: saves q, k, v, the output and the per-row logsumexp; nothing N x N."""
+    """Autograd wiring: saves q, k, v, the output and the per-row logsumexp; nothing N x N.
+
+    ``FlashAttentionFunction.apply(q, k, v, is_causal=False, scale=None)`` takes (batch, heads,
+    tokens, head_dim) or (batch, tokens, head_dim) tensors; ``flash_attention`` is the same with
+    tile sizes, replacement kernels and PyTorch's option names.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, kernels, config):
-        b, h, n, d = q.shape
+    def forward(ctx, q, k, v, is_causal=False, scale=None, kernels=None, config=None):
+        if config is None:
+            # Called directly rather than through flash_attention, which has validated already.
+            is_causal, scale, kernels, config = _prepare(q, k, v, is_causal, scale, kernels)
+        shape = q.shape
+        n, d = shape[-2:]
         # The kernels share one (slice, row) stride pair for every tensor: contiguous rows of d.
-        q3, k3, v3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+        q3, k3, v3 = (t.reshape(math.prod(shape[:-2]), n, d).contiguous() for t in (q, k, v))
         ### BEGIN SOLUTION
-        o, lse = launch_forward(kernels["fwd"], q3, k3, v3, causal, scale, config)
-        out = o.view(b, h, n, d)
+        o, lse = launch_forward(kernels["fwd"], q3, k3, v3, is_causal, scale, config)
+        out = o.view(shape)
         ctx.save_for_backward(q3, k3, v3, out, lse)
-        ctx.causal, ctx.scale, ctx.kernels, ctx.config = causal, scale, kernels, config
+        ctx.causal, ctx.scale, ctx.kernels, ctx.config = is_causal, scale, kernels, config
         return out
         ### END SOLUTION
 
@@ -112,25 +117,68 @@ class FlashAttentionFunction(torch.autograd.Function):
         ### END SOLUTION
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    scale: float | None = None, kernels: Mapping | None = None, block_m: int | None = None,
-                    block_n: int | None = None, function: type[torch.autograd.Function] | None = None) -> torch.Tensor:
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                    dropout_p: float = 0.0,
+                    *, causal: bool | None = None, is_causal: bool | None = None, scale: float | None = None,
+                    kernels: Mapping | None = None, block_m: int | None = None, block_n: int | None = None,
+                    function: type[torch.autograd.Function] | None = None) -> torch.Tensor:
     """softmax(scale q k^T) v with the Triton kernels, differentiable in q, k and v.
 
-    q, k, v: (batch, heads, tokens, head_dim), one dtype and device, head_dim in ``HEAD_DIMS``,
-    any number of tokens. ``causal``: query i attends keys 0..i. ``scale`` defaults to
-    1/sqrt(head_dim). ``kernels`` may replace any of the package's kernels by key (``KERNELS``);
-    each must take the arguments of the kernel it replaces. ``block_m`` / ``block_n`` force the
-    query / key tile of every kernel, so that short sequences still span several tiles.
+    Called as ``F.scaled_dot_product_attention`` is: q, k, v of shape (batch, heads, tokens,
+    head_dim) or (batch, tokens, head_dim), one dtype and device, as many keys as queries,
+    head_dim in ``HEAD_DIMS``, any number of tokens; ``is_causal`` (or ``causal``): query i attends
+    keys 0..i; ``scale`` defaults to 1/sqrt(head_dim). What the kernels do not compute
+    (``attn_mask``, ``dropout_p``, cross-attention, grouped heads, other head dims) raises
+    ``UnsupportedAttentionError``. ``kernels`` may replace any of the package's kernels by key
+    (``KERNELS``); each must take the arguments of the kernel it replaces. ``block_m`` / ``block_n``
+    force the query / key tile of every kernel, so that short sequences still span several tiles.
     ``function`` replaces ``FlashAttentionFunction``: lab 05 has students wire their kernels into
-    autograd themselves; it is applied to ``(q, k, v, causal, scale, kernels, config)``.
+    autograd themselves; it is applied to 4-D ``(q, k, v, causal, scale, kernels, config)``.
     """
-    _validate(q, k, v, causal, scale, kernels, block_m, block_n)
-    d = q.shape[-1]
-    config = default_config(d, q.dtype, q.is_cuda, block_m, block_n)
-    chosen = {**KERNELS, **(kernels or {})}
-    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return (function or FlashAttentionFunction).apply(q, k, v, bool(causal), sm_scale, chosen, config)
+    refuse_options(attn_mask, dropout_p)
+    causal = resolve_causal(causal, is_causal)
+    causal, sm_scale, chosen, config = _prepare(q, k, v, causal, scale, kernels, block_m, block_n)
+    one_head = q.dim() == 3
+    if one_head:
+        q, k, v = (t.unsqueeze(1) for t in (q, k, v))
+    out = (function or FlashAttentionFunction).apply(q, k, v, causal, sm_scale, chosen, config)
+    return out.squeeze(1) if one_head else out
+
+
+def backward_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, kernels: Mapping, *,
+                   causal: bool = False, scale: float | None = None, block_m: int | None = None,
+                   block_n: int | None = None) -> dict[str, torch.Tensor]:
+    """Gradients from the backward kernels in ``kernels`` alone, each part judged on its own.
+
+    The forward's o and logsumexp come from the references (``attention_ref``, ``logsumexp_ref``),
+    so no forward kernel is involved. ``"bwd_preprocess"`` with ``"bwd_dkdv"`` give ``{"dk", "dv"}``;
+    ``"bwd_dq"`` gives ``{"dq"}``, fed by delta = rowsum(dO * O) computed here in fp32, as the
+    preprocess kernel would. 4-D inputs.
+    """
+    causal, sm_scale, chosen, config = _prepare(q, k, v, causal, scale, kernels, block_m, block_n)
+    if q.dim() != 4 or do.shape != q.shape:
+        raise ValueError(f"backward_parts takes 4-D q, k, v and a do of q's shape, got {tuple(q.shape)} and "
+                         f"{tuple(do.shape)}")
+    b, h, n, d = q.shape
+    o = attention_ref(q, k, v, causal=causal, scale=sm_scale)
+    lse = logsumexp_ref(q, k, causal=causal, scale=sm_scale).float().reshape(b * h, n).contiguous()
+    q3, k3, v3, o3, do3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v, o, do))
+    parts = {}
+    if "bwd_dkdv" in kernels:
+        dk, dv, _ = launch_backward_dkdv(chosen, q3, k3, v3, o3, lse, do3, causal, sm_scale, config)
+        parts.update(dk=dk.view(q.shape), dv=dv.view(q.shape))
+    if "bwd_dq" in kernels:
+        delta = (do3.float() * o3.float()).sum(-1)
+        dq = launch_backward_dq(chosen["bwd_dq"], q3, k3, v3, do3, lse, delta, causal, sm_scale, config)
+        parts["dq"] = dq.view(q.shape)
+    return parts
+
+
+def kernel_written(kernel) -> bool:
+    """False while ``kernel``'s body still raises NotImplementedError (the release's stub), so that a
+    notebook can skip an optional exercise left undone instead of stopping at it."""
+    source = textwrap.dedent(inspect.getsource(getattr(kernel, "fn", kernel)))
+    return not pyast.raises_not_implemented(pyast.parse(source))
 
 
 def _probs_tf32(q, k, causal, scale):
@@ -222,6 +270,9 @@ def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                           causal: bool = False, scale: float | None = None, name: str = "") -> None:
     """Check ``grads = (dq, dk, dv)`` of sum(do * attention(q, k, v)), as ``check_attention`` checks o.
 
+    ``grads`` may instead map some of the names "dq", "dk", "dv" to gradients: only those are
+    checked (``backward_parts`` returns such a dict).
+
     The fp32 tolerance of each gradient is widened by ``GRAD_RTOL`` times the larger of its
     largest magnitude and its a-priori bound: dS = P * (dP - delta) with delta a P-weighted mean
     of dP, so |dq| <= 2 scale max|dP| max|k| and |dk| <= 2 scale max|dP| max|q| times the column
@@ -245,11 +296,17 @@ def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                 torch_grads.extend(_attention_grads(lambda *t: _torch_attention(*t, causal, scale), q, k, v, do))
         return torch_grads[i]
 
+    labels = ("dq", "dk", "dv")
+    named = dict(grads) if isinstance(grads, Mapping) else dict(zip(labels, grads, strict=True))
+    unknown = sorted(set(named) - set(labels))
+    if unknown:
+        raise ValueError(f"unknown gradient name(s) {unknown}; the names are {list(labels)}")
     atol, rtol = checks.tolerance(torch.float32)
-    for i, label in enumerate(("dq", "dk", "dv")):
-        spread = max(_largest(exact[i]), bounds[i])
-        _judge(grads[i], exact[i], lambda: torch_grad(i), q.dtype, atol + GRAD_RTOL * spread, rtol,
-               f"{name} {label}".strip())
+    for i, label in enumerate(labels):
+        if label in named:
+            spread = max(_largest(exact[i]), bounds[i])
+            _judge(named[label], exact[i], lambda: torch_grad(i), q.dtype, atol + GRAD_RTOL * spread, rtol,
+                   f"{name} {label}".strip())
 
 
 def _largest(t: torch.Tensor) -> float:

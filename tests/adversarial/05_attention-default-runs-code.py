@@ -1,4 +1,4 @@
-# expect: attention_fwd=not_a_kernel attention_bwd=not_a_kernel
+# expect: attention_fwd=not_a_kernel
 # Code at definition time: a default value that patches the launcher when the kernel is defined.
 # %% grade_id=attn_fwd_code
 import triton
