@@ -165,17 +165,21 @@ plt.show()
 # the replicas' *steps* equal, so replicas that start apart stay apart for ever.
 
 # %%
-def first_weights(rank, world_size, broadcast):
+def first_weights(rank, world_size):
     model = ddp.rank_skewed_mlp(1, 12, 32, 3)
-    if broadcast:
-        ddp.broadcast_state(model)
-    return {"weight[0, :3]": model[1].weight[0, :3].tolist(), "shift[:3]": model[0].shift[:3].tolist()}
+    held = {}
+    for when in ("as each rank built it", "after broadcast_state"):
+        if when.startswith("after"):
+            ddp.broadcast_state(model)
+        held[when] = {"weight[0, :3]": model[1].weight[0, :3].tolist(), "shift[:3]": model[0].shift[:3].tolist()}
+    return held
 
 
-for broadcast in (False, True):
-    print("after broadcast_state:" if broadcast else "as each rank built it:")
-    for rank, held in enumerate(run_world(first_weights, 2, broadcast)):
-        print(f"  rank {rank}: " + ", ".join(f"{k} = {[round(v, 3) for v in vals]}" for k, vals in held.items()))
+per_rank = run_world(first_weights, 2)
+for when in per_rank[0]:
+    print(f"{when}:")
+    for rank, held in enumerate(per_rank):
+        print(f"  rank {rank}: " + ", ".join(f"{k} = {[round(v, 3) for v in vals]}" for k, vals in held[when].items()))
 
 # %% [markdown]
 # The simplest synchronisation all-reduces each gradient once backward is over. `ddp.train_ddp`
