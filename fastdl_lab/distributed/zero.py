@@ -106,7 +106,9 @@ class Zero1:
 class StateWatch:
     """Optimizer state seen from outside: which of ``params`` hold state in each optimizer that
     has just stepped, and its bytes (each tensor once), looked at by torch's global step hook
-    the moment every ``step()`` returns (before any code of the caller's can move the state)."""
+    as every ``step()`` returns, before its caller can move the state elsewhere. It watches from
+    inside the process: an optimizer's own post-step hooks run before it, and updates made with
+    torch's functional optimizers (no ``Optimizer`` object) are not seen."""
 
     def __init__(self, params: list[torch.Tensor]):
         self._index = {id(p): i for i, p in enumerate(params)}
