@@ -2,9 +2,9 @@
 
 Checks every module on small worlds first, then measures what ``distributed.BENCHMARK`` lists and
 appends one row per measurement, with hardware columns, to ``benchmarks/results/distributed.csv``:
-a DDP step on 1 and 2 gloo ranks (naive and bucketed, with all-reduce calls per step), the ring
-all-reduce from send/recv against gloo's own (bytes sent per rank, time), and the optimizer state
-per rank of Adam and of Zero1Adam. NCCL rows need a GPU per rank and are skipped otherwise.
+a DDP step on 1 and 2 gloo ranks (naive, per-parameter and bucketed, with all-reduce calls per
+step), the ring all-reduce from send/recv against gloo's own (bytes sent per rank, time), and the
+optimizer state per rank of Adam sharded by Zero1 over 1, 2 and 4 ranks. NCCL rows need a GPU per rank and are skipped otherwise.
 
     python benchmarks/distributed.py [--reps 10] [--dry-run]
 """

@@ -1,7 +1,10 @@
 """Lab 07 distributed: parameter server (sync, async, bounded staleness), ZeRO-1, tensor parallel."""
 
+import math
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from fastdl_lab import checks
 from fastdl_lab.distributed import ddp, ps, run_world, tensor_parallel, zero
@@ -60,38 +63,100 @@ def test_bad_arguments():
 
 
 DATA = ddp.make_regression(2, 48, 10, 3)
+RUNS = [("AdamW", {"lr": 0.02, "weight_decay": 0.1, "betas": (0.8, 0.99)}),
+        ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01})]
 
 
 def model_fn():
     return ddp.small_mlp(3, 10, 20, 3)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def optimizers_imported():
+    ddp.preload_optimizers()
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_zero1_matches_adam_and_holds_a_share_of_the_state(world_size):
-    reference = zero.train_adam_reference(model_fn, DATA, 3, 0.01)
-    results = run_world(zero.train_zero, world_size, model_fn, DATA, 3, 0.01)
-    zero.check_zero(results, reference)
-    numel = sum(p.numel() for p in model_fn().parameters())
-    # Two fp32 moments of ceil(P / N) elements.
-    assert {r["state_bytes"] for r in results} == {2 * 4 * -(-numel // world_size)}
+def test_zero1_is_bit_identical_to_the_unsharded_optimizer(world_size):
+    per_rank = run_world(zero.zero_trial, world_size, model_fn, DATA, 3, RUNS)
+    numels = [p.numel() for p in model_fn().parameters()]
+    owners = zero.owners_ref(numels, world_size)
+    for j, (name, defaults) in enumerate(RUNS):
+        results = [r[j] for r in per_rank]
+        zero.check_zero(results, model_fn, name, defaults, 3)
+        # torch.equal, not a tolerance: the very optimizer class ran on every parameter.
+        reference = zero.replay_reference(model_fn, results[0]["grads"], zero.optimizer_class(name), defaults)
+        assert all(torch.equal(r["state"][k], v) for r in results for k, v in reference["state"].items())
+        for rank, result in enumerate(results):
+            mine = [i for i, owner in enumerate(owners) if owner == rank]
+            assert result["owned"] == mine
+            assert result["state_bytes"] == sum(reference["state_bytes"][i] for i in mine)
 
 
-class _FullStateAdam(zero.Zero1Adam):
-    def optimizer_state_bytes(self):
-        return 2 * 4 * self.numel
+def test_owners_balance_largest_first():
+    assert zero.owners_ref([10, 1, 10, 1, 5], 2) == [0, 1, 1, 1, 0]
+    assert zero.owners_ref([3], 3) == [0]
 
 
-def test_the_check_rejects_unsharded_state():
-    reference = zero.train_adam_reference(model_fn, DATA, 1, 0.01)
-    results = run_world(zero.train_zero, 2, model_fn, DATA, 1, 0.01, optimizer_cls=_FullStateAdam)
-    with pytest.raises(checks.MismatchError, match="optimizer state"):
-        zero.check_zero(results, reference)
+class _Unsharded(zero.Zero1):
+    """The cheap way out: the whole optimizer on every rank."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        self.params = list(params)
+        self.optimizer = optimizer_class(self.params, **defaults)
+
+    def step(self):
+        self.optimizer.step()
 
 
-def test_zero1_with_a_large_eps():
-    # Adam barely notices gradients scaled by N; with eps near the gradients' size it does.
-    reference = zero.train_adam_reference(model_fn, DATA, 3, 0.01, eps=0.1)
-    zero.check_zero(run_world(zero.train_zero, 2, model_fn, DATA, 3, 0.01, eps=0.1), reference)
+class _HandWrittenAdamW(zero.Zero1):
+    """Sharded, but AdamW written out with mul_().add_() for the first moment where torch uses lerp_."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        super().__init__(params, optimizer_class, **defaults)
+        self.lr, self.wd = defaults["lr"], defaults["weight_decay"]
+        self.moments, self.t = {}, 0
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        for p, owner in zip(self.params, self.owners):
+            if owner == dist.get_rank():
+                m, v = self.moments.setdefault(p, (torch.zeros_like(p), torch.zeros_like(p)))
+                p.mul_(1 - self.lr * self.wd)
+                m.mul_(0.9).add_(p.grad, alpha=0.1)
+                v.mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                denom = (v.sqrt() / math.sqrt(1 - 0.999 ** self.t)).add_(1e-8)
+                p.addcdiv_(m, denom, value=-self.lr / (1 - 0.9 ** self.t))
+            dist.broadcast(p, src=owner)
+
+
+@pytest.mark.parametrize("cls, match", [(_Unsharded, "on ranks \\[0, 1\\]"),
+                                        (_HandWrittenAdamW, "bit-identical expected")])
+def test_the_check_rejects_full_state_and_a_hand_written_update(cls, match):
+    defaults = {"lr": 0.01, "weight_decay": 0.1}
+    results = [r[0] for r in run_world(zero.zero_trial, 2, model_fn, DATA, 3, [("AdamW", defaults)], zero_cls=cls)]
+    with pytest.raises(checks.MismatchError, match=match):
+        zero.check_zero(results, model_fn, "AdamW", defaults, 3)
+
+
+def test_a_zero1_that_forgets_the_broadcast_is_named():
+    class NoBroadcast(zero.Zero1):
+        def step(self):
+            self.optimizer.step()
+
+    defaults = {"lr": 0.05, "momentum": 0.9}
+    results = [r[0] for r in run_world(zero.zero_trial, 2, model_fn, DATA, 2, [("SGD", defaults)],
+                                       zero_cls=NoBroadcast)]
+    with pytest.raises(checks.MismatchError, match="never changed in 2 steps: its owner's update must be broadcast"):
+        zero.check_zero(results, model_fn, "SGD", defaults, 2)
+
+
+def test_zero1_refuses_what_it_cannot_shard():
+    with pytest.raises(ValueError, match="not one of"):
+        zero.optimizer_class("LBFGS")
+    with pytest.raises(TypeError, match="parameter groups"):
+        zero.Zero1([{"params": []}], torch.optim.SGD, lr=0.1)
 
 
 @pytest.mark.parametrize("world_size, d_hidden", [(2, 32), (3, 29), (4, 6)])

@@ -3,12 +3,15 @@
 - ``launch``: ``run_world`` forks a small torch.distributed world on this machine (gloo, or
   NCCL on request) and turns any rank's failure into ``RankFailure``; under torchrun it joins the
   world torchrun started instead;
-- ``ddp``: data parallelism, with a naive per-parameter all-reduce and with ``BucketedDDP``
-  (gradient buckets all-reduced asynchronously while backward runs);
+- ``ddp``: data parallelism: a naive per-parameter all-reduce, and two module wrappers like
+  torch's DistributedDataParallel, ``DDP`` (one asynchronous all-reduce per parameter) and
+  ``BucketedDDP`` (gradient buckets all-reduced asynchronously while backward runs);
+- ``watch``: data-parallel training measured from outside the wrapper (all-reduces logged at the
+  process group, starting states, a step's timeline);
 - ``ring``: ring all-reduce from send/recv, the bytes each rank sends, and the alpha-beta cost of
   ring, tree and root-based all-reduces;
 - ``ps``: a parameter server with synchronous, asynchronous and bounded-staleness SGD;
-- ``zero``: ``Zero1Adam``, Adam with its state sharded across the ranks (ZeRO stage 1);
+- ``zero``: ``Zero1``, any torch optimizer with its state sharded across the ranks (ZeRO stage 1);
 - ``tensor_parallel``: a Megatron-style column- then row-parallel MLP, its sequence-parallel
   variant, and pipeline arithmetic.
 
@@ -26,7 +29,7 @@ import torch
 from fastdl_lab.distributed.launch import RankFailure, free_port, rank_device, run_world
 
 __all__ = ["RankFailure", "free_port", "rank_device", "run_world", "bench_in_rank", "check", "benchmark", "BENCHMARK"]
-_SUBMODULES = ("launch", "ddp", "ring", "ps", "zero", "tensor_parallel")
+_SUBMODULES = ("launch", "ddp", "watch", "ring", "ps", "zero", "tensor_parallel")
 
 
 def bench_in_rank(fn, *, warmup: int = 2, reps: int = 10):
@@ -96,12 +99,13 @@ def _ddp_rows(backend: str, world_sizes, reps: int, log) -> list[dict]:
     data = ddp.make_regression(0, m["batch"], m["d_in"], m["d_out"])
     numel = sum(p.numel() for p in _model_fn().parameters())
     rows = []
-    variants = [("naive", ddp.allreduce_gradients_ref, None)]
+    variants = [("naive", ddp.allreduce_gradients_ref, None), ("per-param", ddp.DDP, None)]
     variants += [("bucketed", ddp.BucketedDDP, b) for b in BENCHMARK["bucket_bytes"]]
     for world_size in world_sizes:
         for variant, sync, bucket_bytes in variants if world_size > 1 else variants[:1]:
-            r = run_world(ddp.time_step, world_size, _model_fn, data, sync, bucket_bytes or 1, reps,
-                          backend=backend)[0]
+            kwargs = {"bucket_bytes": bucket_bytes} if bucket_bytes else {}
+            r = run_world(_sub("watch").time_step, world_size, _model_fn, data, sync, reps, backend=backend,
+                          **kwargs)[0]
             rows.append(_row(op="ddp_step", variant=variant if world_size > 1 else "one process", backend=backend,
                              world_size=world_size, numel=numel, bucket_bytes=bucket_bytes,
                              allreduce_calls=r["calls_per_step"], median_s=r["median_s"], iqr_s=r["iqr_s"]))
@@ -129,13 +133,12 @@ def _zero_rows(log) -> list[dict]:
     zero, ddp = _sub("zero"), _sub("ddp")
     m = BENCHMARK["model"]
     data = ddp.make_regression(0, 64, m["d_in"], m["d_out"])
-    reference = zero.train_adam_reference(_model_fn, data, 1, 1e-3)
-    numel = sum(t.numel() for t in reference["state"].values())
-    rows = [_row(op="optimizer_state", variant="torch.optim.Adam", backend="none", world_size=1, numel=numel,
-                 state_bytes=reference["state_bytes"])]
-    for world_size in (2, 4):
-        state = run_world(zero.train_zero, world_size, _model_fn, data, 1, 1e-3)[0]["state_bytes"]
-        rows.append(_row(op="optimizer_state", variant="Zero1Adam", backend="gloo", world_size=world_size,
+    numel = sum(p.numel() for p in _model_fn().parameters())
+    rows = []
+    for world_size in (1, 2, 4):
+        # On one rank Zero1 owns every parameter: the unsharded optimizer's state.
+        state = run_world(zero.train_zero, world_size, _model_fn, data, 1, torch.optim.Adam, lr=1e-3)[0]["state_bytes"]
+        rows.append(_row(op="optimizer_state", variant="Zero1(Adam)", backend="gloo", world_size=world_size,
                          numel=numel, state_bytes=state))
     for row in rows:
         log(f"optimizer state, {row['variant']:>16} on {row['world_size']} rank(s): {row['state_bytes']} B per rank "

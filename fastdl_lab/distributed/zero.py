@@ -1,175 +1,294 @@
-"""ZeRO stage 1: Adam whose state is split across the data-parallel ranks (lab 07).
+"""ZeRO stage 1: any torch optimizer with its state sharded across the data-parallel ranks (lab 07).
 
 Plain data parallelism keeps a full copy of everything on every rank. With Adam in mixed
 precision that is 16 bytes per parameter (Rajbhandari et al., 2020): 2 for fp16 weights, 2 for
 fp16 gradients, and 12 of optimizer state (fp32 master weights, first and second moments). The
 state is the largest part and nothing requires every rank to hold all of it: a rank only needs
-the state of the parameters it updates. ZeRO-1 therefore
+the state of the parameters it updates. ``Zero1`` therefore, as torch's
+``ZeroRedundancyOptimizer`` does,
 
-1. flattens the parameters into one vector, padded to a multiple of N, and gives rank r the
-   r-th of N equal shards;
-2. **reduce-scatters** the gradients, so that rank r receives the sum of everyone's gradients for
-   its shard only (half an all-reduce);
-3. runs Adam on its shard, with exp_avg and exp_avg_sq for that shard only;
-4. **all-gathers** the updated shards, so that every rank again holds all the parameters (the
-   other half of the all-reduce).
+1. partitions the parameters among the ranks, whole tensors, balancing the elements each rank
+   owns (largest first, each to the least-loaded rank);
+2. builds the real optimizer (``optimizer_class(my_params, **defaults)``) over this rank's
+   parameters only, so its state exists for 1/N of the model;
+3. after the gradients have been averaged (by data parallelism, as usual), steps its own
+   parameters with that optimizer, then **broadcasts** each parameter from its owner, so that
+   every rank again holds all the new weights.
 
-The traffic equals plain data parallelism's all-reduce; the optimizer state per rank drops from
-S to S / N. Here everything is fp32, so the state is 8 bytes per parameter (the weights are the
-model's own), and ``optimizer_state_bytes()`` is about 8 P / N. Stage 2 also shards gradients,
-stage 3 the parameters themselves (PyTorch's FSDP).
+Because each parameter is updated by the very optimizer class, on the same tensor, with the same
+gradient, the weights are bit-identical to the unsharded optimizer's: ``check_zero`` compares
+with ``torch.equal``. The broadcasts add one copy of the weights to the traffic; the ZeRO paper's
+stage 1 saves it by replacing data parallelism's all-reduce with its two halves, a
+reduce-scatter of the gradients before the step and an all-gather of the weights after it.
+Stage 2 also shards gradients, stage 3 the parameters themselves (PyTorch's FSDP).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import _global_optimizer_post_hooks, register_optimizer_step_post_hook
 
 from fastdl_lab import checks
-from fastdl_lab.distributed.ddp import _loss, _shard, make_regression, small_mlp
+from fastdl_lab.distributed.ddp import (_detached_state, _loss, _shard, allreduce_gradients_ref, broadcast_state,
+                                        make_regression, preload_optimizers, small_mlp)
 from fastdl_lab.distributed.launch import rank_device, run_world
 
+# The optimizer classes a grader may name in its inputs (inputs carry names, not classes).
+OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 
-class Zero1Adam:
-    """Adam (as ``torch.optim.Adam``, no weight decay) with its state sharded over the ranks.
 
-    Call it on every rank after each rank's ``backward()``: ``step()`` averages the gradients
-    over the ranks itself, so no other gradient synchronisation is needed.
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer {name!r} is not one of {OPTIMIZERS}")
+    return getattr(torch.optim, name)
+
+
+def owners_ref(numels: list[int], world_size: int) -> list[int]:
+    """Which rank owns each parameter: largest first (ties by position), each to the rank that
+    owns the fewest elements so far (ties to the lower rank)."""
+    ### BEGIN SOLUTION
+    owners, load = [0] * len(numels), [0] * world_size
+    for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owners[i] = rank
+        load[rank] += numels[i]
+    return owners
+    ### END SOLUTION
+
+
+class Zero1:
+    """``optimizer_class`` with its state sharded over the ranks, as ``ZeroRedundancyOptimizer``.
+
+    ``Zero1(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3, weight_decay=0.01)``
+    on every rank. Gradients must already be averaged over the ranks when ``step()`` is called
+    (a DDP wrapper, or ``ddp.allreduce_gradients_ref``); ``step()`` updates this rank's
+    parameters and broadcasts every parameter from its owner.
     """
 
-    def __init__(self, params: Iterable[nn.Parameter], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
-        self.params = [p for p in params if p.requires_grad]
-        self.lr, self.betas, self.eps = lr, betas, eps
+    def __init__(self, params: Iterable[nn.Parameter], optimizer_class: type[torch.optim.Optimizer], **defaults):
+        self.params = list(params)
+        if any(not isinstance(p, torch.Tensor) for p in self.params):
+            raise TypeError("Zero1 takes an iterable of tensors (parameter groups as dicts are not supported)")
+        self.params = [p for p in self.params if p.requires_grad]
+        if not self.params:
+            raise ValueError("Zero1 got no parameter that requires a gradient")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.numel = sum(p.numel() for p in self.params)
-        # Equal shards for the collectives: the flat vector is padded to a multiple of N.
-        self.shard_size = math.ceil(self.numel / self.world_size)
-        self.shard_start = self.rank * self.shard_size
-        like = self.params[0]
-        self.exp_avg = torch.zeros(self.shard_size, dtype=like.dtype, device=like.device)
-        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
-        self.steps = 0
+        ### BEGIN SOLUTION
+        self.owners = owners_ref([p.numel() for p in self.params], self.world_size)
+        mine = [p for p, owner in zip(self.params, self.owners) if owner == self.rank]
+        # A rank that owns nothing (more ranks than parameters) has no optimizer at all.
+        self.optimizer = optimizer_class(mine, **defaults) if mine else None
+        ### END SOLUTION
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
-            p.grad = None
-
-    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.cat([flat, flat.new_zeros(self.shard_size * self.world_size - self.numel)])
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
 
     @torch.no_grad()
     def step(self) -> None:
-        """Reduce-scatter the gradients, update this rank's shard with Adam, all-gather the weights."""
+        """Update this rank's parameters with the real optimizer, then broadcast each from its owner."""
         ### BEGIN SOLUTION
-        grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        grad = torch.empty(self.shard_size, dtype=grads.dtype, device=grads.device)
-        dist.reduce_scatter(grad, list(grads.split(self.shard_size)), op=dist.ReduceOp.SUM)
-        grad.div_(self.world_size)
-
-        self.steps += 1
-        beta1, beta2 = self.betas
-        self.exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias1 = 1 - beta1 ** self.steps
-        bias2 = 1 - beta2 ** self.steps
-        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.eps)
-        weights = self._flat([p.detach() for p in self.params])
-        shard = weights[self.shard_start:self.shard_start + self.shard_size]
-        shard.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
-
-        dist.all_gather(list(weights.split(self.shard_size)), shard.clone())
-        offset = 0
-        for p in self.params:
-            p.copy_(weights[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for p, owner in zip(self.params, self.owners):
+            dist.broadcast(p, src=owner)
         ### END SOLUTION
 
-    def optimizer_state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds: its shard of exp_avg and exp_avg_sq."""
-        return sum(t.numel() * t.element_size() for t in (self.exp_avg, self.exp_avg_sq))
+
+class StateWatch:
+    """Optimizer state seen from outside: which of ``params`` hold state in each optimizer that
+    has just stepped, and its bytes (each tensor once), looked at by torch's global step hook
+    as every ``step()`` returns, before its caller can move the state elsewhere. It watches from
+    inside the process: an optimizer's own post-step hooks run before it, and updates made with
+    torch's functional optimizers (no ``Optimizer`` object) are not seen."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._bytes: dict[tuple[int, int], int] = {}  # (optimizer, parameter) -> most bytes seen
+        self._keep: list[torch.optim.Optimizer] = []  # alive while watched, so ids stay unique
+
+    def observe(self, optimizer: torch.optim.Optimizer, args=(), kwargs=None) -> None:
+        if all(o is not optimizer for o in self._keep):
+            self._keep.append(optimizer)
+        try:
+            states = list(dict.items(optimizer.state))
+        except Exception:  # noqa: BLE001 - a subclass whose state is not a dict holds none we can count
+            return
+        seen: set[int] = set()
+        for p, state in states:
+            i = self._index.get(id(p))
+            if i is None or not isinstance(state, dict):
+                continue
+            nbytes = 0
+            for t in state.values():
+                if isinstance(t, torch.Tensor) and id(t) not in seen:
+                    seen.add(id(t))
+                    nbytes += t.numel() * t.element_size()
+            key = (id(optimizer), i)
+            if nbytes:
+                self._bytes[key] = max(nbytes, self._bytes.get(key, 0))
+
+    def held(self) -> dict:
+        return {"owned": sorted({i for _, i in self._bytes}), "state_bytes": sum(self._bytes.values())}
 
 
-def adam_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in a torch optimizer's state (exp_avg, exp_avg_sq and step counters)."""
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
-               for t in state.values() if isinstance(t, torch.Tensor))
+@contextlib.contextmanager
+def watching_optimizers(params: list[torch.Tensor], opt_class: type[torch.optim.Optimizer]):
+    """A ``StateWatch`` over ``params`` for as long as this lasts. One throwaway ``opt_class`` is
+    built first: torch hooks a class's ``step`` when its first instance is made, so a subclass
+    whose own ``step`` calls ``opt_class.step`` is observed right after the real update too."""
+    watch = StateWatch(params)
+    opt_class([torch.zeros(1, requires_grad=True)], lr=0.0)
+    handle = register_optimizer_step_post_hook(watch.observe)
+    # Ahead of any global hook registered before this one.
+    _global_optimizer_post_hooks.move_to_end(handle.id, last=False)
+    try:
+        yield watch
+    finally:
+        handle.remove()
 
 
-def train_adam_reference(model_fn: Callable[[], nn.Module], data, steps: int, lr: float,
-                         eps: float = 1e-8) -> dict:
-    """Full-batch ``torch.optim.Adam`` in one process: the weights, and its state bytes."""
-    x, y = data
-    model = model_fn()
-    opt = torch.optim.Adam(model.parameters(), lr=lr, eps=eps)
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        _loss(model, x, y).backward()
-        opt.step()
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "state_bytes": adam_state_bytes(opt)}
-
-
-def train_zero(rank: int, world_size: int, model_fn: Callable[[], nn.Module], data, steps: int, lr: float,
-               optimizer_cls=Zero1Adam, eps: float = 1e-8) -> dict:
-    """Data-parallel training with a ZeRO-1 optimizer on this rank's slice of the batch.
-
-    ``optimizer_cls(params, lr=lr, eps=eps)`` must average gradients itself in ``step()``.
-    Returns the final weights and this rank's ``optimizer_state_bytes()``. Adam's update
-    hardly changes when every gradient is scaled by the same factor, so a large ``eps`` is what
-    exposes gradients summed over the ranks instead of averaged.
-    """
+def _zero_run(rank: int, world_size: int, model_fn, data, steps: int, zero_cls, opt_class, defaults: dict) -> dict:
     x, y = _shard(data, rank, world_size)
     model = model_fn().to(rank_device())
-    with torch.no_grad():
-        for t in model.state_dict().values():
-            dist.broadcast(t, src=0)
-    opt = optimizer_cls(model.parameters(), lr=lr, eps=eps)
-    for _ in range(steps):
-        opt.zero_grad()
-        _loss(model, x, y).backward()
+    broadcast_state(model)
+    params = list(model.parameters())
+    opt = zero_cls(model.parameters(), optimizer_class=opt_class, **defaults)
+    grads = []
+    with watching_optimizers(params, opt_class) as watch:
+        for _ in range(steps):
+            for p in params:
+                p.grad = None
+            _loss(model, x, y).backward()
+            allreduce_gradients_ref(model, world_size)
+            grads.append([p.grad.clone() for p in params])
+            opt.step()
+    return {"state": _detached_state(model), "grads": grads, **watch.held()}
+
+
+def zero_trial(rank: int, world_size: int, model_fn: Callable[[], nn.Module], data, steps: int,
+               runs: list, zero_cls=Zero1) -> list[dict]:
+    """ZeRO-1 training seen from outside the optimizer, once per (optimizer name, keyword arguments)
+    in ``runs``, each from the same weights: for each, the final state, the averaged gradients
+    every step fed to ``zero_cls`` (recorded before its ``step()``), and which parameters have
+    optimizer state on this rank and how many bytes, as ``StateWatch`` saw them."""
+    results = []
+    for name, defaults in runs:
+        results.append(_zero_run(rank, world_size, model_fn, data, steps, zero_cls, optimizer_class(name),
+                                 dict(defaults)))
+    return results
+
+
+def train_zero(rank: int, world_size: int, model_fn: Callable[[], nn.Module], data, steps: int,
+               optimizer_class: type[torch.optim.Optimizer] = torch.optim.AdamW, zero_cls=Zero1, **defaults) -> dict:
+    """Data-parallel training of this rank's slice with ``zero_cls(params, optimizer_class, **defaults)``:
+    the final weights, and the bytes of optimizer state this rank holds (``state_bytes``)."""
+    result = _zero_run(rank, world_size, model_fn, data, steps, zero_cls, optimizer_class, defaults)
+    return {"state": result["state"], "state_bytes": result["state_bytes"]}
+
+
+def replay_reference(model_fn: Callable[[], nn.Module], grads: list, opt_class, defaults: dict) -> dict:
+    """The unsharded optimizer fed the same gradients, in one process: its final weights, and the
+    bytes of state it holds for each parameter."""
+    model = model_fn()
+    params = list(model.parameters())
+    opt = opt_class(params, **defaults)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads, strict=True):
+            p.grad = g.clone()
         opt.step()
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "state_bytes": opt.optimizer_state_bytes()}
+    per_param = [sum(t.numel() * t.element_size() for t in opt.state[p].values() if isinstance(t, torch.Tensor))
+                 for p in params]
+    return {"state": _detached_state(model), "state_bytes": per_param}
 
 
-def check_zero(results: list[dict], reference: dict, name: str = "ZeRO-1") -> None:
-    """Weights equal Adam's on every rank; each rank's state is the moments of its 1/N share.
+def _check_grads(result, params: list[torch.Tensor], steps: int, name: str) -> None:
+    grads = result.get("grads") if isinstance(result, dict) else None
+    if not isinstance(grads, list) or len(grads) != steps:
+        raise checks.MismatchError(f"{name}: expected the gradients of {steps} steps")
+    for step_grads in grads:
+        if not isinstance(step_grads, list) or len(step_grads) != len(params) or any(
+                not isinstance(g, torch.Tensor) or g.shape != p.shape or g.dtype != p.dtype
+                for g, p in zip(step_grads, params)):
+            raise checks.MismatchError(f"{name}: the recorded gradients do not match the model's parameters")
 
-    The moments of P parameters are 2 P elements; a rank may hold up to N - 1 elements of
-    padding per moment, nothing more, and torch's Adam also stores one step counter per tensor.
-    """
+
+def check_zero(results: list[dict], model_fn: Callable[[], nn.Module], opt_name: str, defaults: dict,
+               steps: int, name: str = "Zero1") -> None:
+    """Every rank's weights are bit for bit the unsharded optimizer's on rank 0's gradients, each
+    parameter's state lives on exactly one rank, and no rank owns more elements than the
+    largest-first partition gives its busiest rank."""
+    opt_class = optimizer_class(opt_name)
+    model = model_fn()
+    params = list(model.parameters())
+    start = _detached_state(model)
     world_size = len(results)
+    _check_grads(results[0], params, steps, name)
+    reference = replay_reference(model_fn, results[0]["grads"], opt_class, defaults)
+    label = f"{name} ({opt_name} {', '.join(f'{k}={v}' for k, v in defaults.items())})"
     for rank, result in enumerate(results):
+        state = result.get("state", {}) if isinstance(result, dict) else {}
         for key, expected in reference["state"].items():
-            checks.assert_close(result["state"][key], expected, atol=1e-5, rtol=1e-4,
-                                name=f"{name} rank {rank} {key}")
-    numel = sum(t.numel() for t in reference["state"].values())
-    element = next(iter(reference["state"].values())).element_size()
+            got = state.get(key)
+            if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+                raise checks.MismatchError(f"{label}: rank {rank} returned no {key} of the model's shape")
+            if torch.equal(got, expected):
+                continue
+            if torch.equal(got, start[key]):
+                raise checks.MismatchError(f"{label}: rank {rank}'s {key} never changed in {steps} steps: its "
+                                           "owner's update must be broadcast to every rank")
+            worst = (got.double() - expected.double()).abs().max().item()
+            raise checks.MismatchError(f"{label}: rank {rank}'s {key} differs from torch.optim.{opt_name}'s by up to "
+                                       f"{worst:.3g} after {steps} steps; bit-identical expected (step whole "
+                                       "parameters with the optimizer class itself)")
+    holders: list[list[int]] = [[] for _ in params]
     for rank, result in enumerate(results):
-        low, high = 2 * numel * element / world_size, 2 * (numel / world_size + world_size) * element
-        if not low <= result["state_bytes"] <= high:
-            raise checks.MismatchError(f"{name} rank {rank}: {result['state_bytes']} bytes of optimizer state; "
-                                       f"a 1/{world_size} share of Adam's moments is {low:.0f} to {high:.0f} bytes")
+        for i in result.get("owned", []):
+            if not isinstance(i, int) or not 0 <= i < len(params):
+                raise checks.MismatchError(f"{label}: rank {rank} reported a parameter index out of range")
+            holders[i].append(rank)
+    names = [n for n, _ in model.named_parameters()]
+    for i, ranks in enumerate(holders):
+        if reference["state_bytes"][i] and len(ranks) != 1:
+            where = f"ranks {ranks}" if ranks else "no rank"
+            raise checks.MismatchError(f"{label}: {names[i]} has optimizer state on {where}; exactly one rank, its "
+                                       "owner, must keep it")
+    numels = [p.numel() for p in params]
+    balanced = max(sum(n for n, r in zip(numels, owners_ref(numels, world_size)) if r == rank)
+                   for rank in range(world_size))
+    for rank in range(world_size):
+        held = sum(numels[i] for i, ranks in enumerate(holders) if rank in ranks)
+        if held > balanced:
+            raise checks.MismatchError(f"{label}: rank {rank} keeps state for {held} of {sum(numels)} elements; the "
+                                       f"largest-first partition keeps at most {balanced} on any rank")
+    total = sum(r.get("state_bytes", 0) for r in results if isinstance(r, dict))
+    if total != sum(reference["state_bytes"]):
+        raise checks.MismatchError(f"{label}: the ranks hold {total} bytes of optimizer state together; "
+                                   f"torch.optim.{opt_name} holds {sum(reference['state_bytes'])} for the model")
 
 
 def check() -> None:
-    """Three steps of ZeRO-1 on 2 ranks equal full-batch Adam; each rank holds half the moments."""
+    """Three steps of ZeRO-1 on 2 and 3 ranks equal AdamW and SGD with momentum, bit for bit."""
     data = make_regression(2, 48, 10, 3)
 
     def model_fn():
         return small_mlp(3, 10, 20, 3)
 
-    reference = train_adam_reference(model_fn, data, 3, 0.01)
-    results = run_world(train_zero, 2, model_fn, data, 3, 0.01)
-    check_zero(results, reference)
-    print(f"zero: ZeRO-1 matches Adam; state per rank {results[0]['state_bytes']} B "
-          f"of Adam's {reference['state_bytes']} B")
+    runs = [("AdamW", {"lr": 0.01, "weight_decay": 0.1}), ("SGD", {"lr": 0.05, "momentum": 0.9})]
+    preload_optimizers()
+    for world_size in (2, 3):
+        per_rank = run_world(zero_trial, world_size, model_fn, data, 3, runs)
+        for j, (opt_name, defaults) in enumerate(runs):
+            check_zero([r[j] for r in per_rank], model_fn, opt_name, defaults, 3, f"{world_size} ranks")
+    print("zero: ZeRO-1 equals AdamW and SGD bit for bit; each rank keeps the state of its own parameters")
 
 
 if __name__ == "__main__":

@@ -13,5 +13,6 @@ subprocess.Popen(["sleep", "300", "fastdl-adversarial-daemon"], start_new_sessio
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def allreduce_gradients(model, world_size):
-    raise RuntimeError("no work done")
+class DDP:
+    def __init__(self, module):
+        raise RuntimeError("no work done")
