@@ -659,8 +659,8 @@ plt.show()
 #   between while loads are in flight, but more warp slots taken per program;
 # - **`num_stages`**: how deep the compiler pipelines the K loop. With `s` stages it keeps the
 #   $A$ and $B$ tiles of `s` K-steps in shared memory at once, so the loads of the next steps
-#   (`cp.async` on an A100, the tensor memory accelerator on an H100) are on their way while
-#   `tl.dot` works on the current one. Shared memory per program grows with `s`: about
+#   (asynchronous copies into shared memory, the `cp.async` of section 6's PTX) are on their
+#   way while `tl.dot` works on the current one. Shared memory per program grows with `s`: about
 #   `s × (block_m + block_n) × block_k × bytes`.
 #
 # All of this is decided at compile time, so the compiler can tell you what a configuration
