@@ -25,7 +25,7 @@ HOSTILE_CELLS = {
 }
 HOSTILE = [*HOSTILE_CELLS, "not-json", "links-to-another", "deletes-test"]
 # What an honest submission scores on ITEM: the reference, or every fourth with the demo's FLOP mistake.
-FULL, BUGGY = (4.0, "passed"), (2.4, "partial")
+FULL, BUGGY = (4.0, "passed"), (3.2, "partial")
 
 
 def honest_name(i: int) -> str:

@@ -190,6 +190,32 @@ def default_config(dtype: torch.dtype, on_gpu: bool) -> dict[str, int]:
     return {"block_m": 128, "block_n": 128, "block_k": block_k, "group_m": 8, "num_warps": 4, "num_stages": 3}
 
 
+# What a launch may tune, and the values it may take: tl.dot wants power-of-two tiles of at least
+# 16 a side (256 is past what any course GPU holds in registers), warps come in powers of two.
+CONFIG_RANGES = {
+    "block_m": (16, 256), "block_n": (16, 256), "block_k": (16, 256),
+    "group_m": (1, 64), "num_warps": (1, 16), "num_stages": (1, 8),
+}
+POWERS_OF_TWO = ("block_m", "block_n", "block_k", "num_warps")
+
+
+def check_config(config: dict) -> dict[str, int]:
+    """``config`` (any of ``CONFIG_RANGES``' keys) as plain ints; ValueError naming what is wrong."""
+    if not isinstance(config, dict):
+        raise ValueError(f"a GEMM configuration is a dict, got {type(config).__name__}")
+    checked = {}
+    for key, value in config.items():
+        if key not in CONFIG_RANGES:
+            raise ValueError(f"unknown configuration key {key!r}; the keys are {', '.join(CONFIG_RANGES)}")
+        low, high = CONFIG_RANGES[key]
+        kind = "a power of two" if key in POWERS_OF_TWO else "an int"
+        # bool is an int subclass: True would pass as 1.
+        if type(value) is not int or not low <= value <= high or (key in POWERS_OF_TWO and value & (value - 1)):
+            raise ValueError(f"{key} must be {kind} from {low} to {high}, got {value!r}")
+        checked[key] = value
+    return checked
+
+
 def _check_operands(a, b) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -214,25 +240,20 @@ def matmul(
     block_n: int | None = None,
     block_k: int | None = None,
     group_m: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """C = A @ B with a Triton kernel (``kernel`` defaults to the reference ``_matmul_kernel``).
 
     ``kernel`` must take ``_matmul_kernel``'s arguments. The result has the inputs' dtype, with
     fp32 accumulation. On a GPU, fp32 inputs go through ``tl.dot``'s default TF32 tensor-core
-    path, like ``torch.matmul`` with ``allow_tf32 = True``.
+    path, like ``torch.matmul`` with ``allow_tf32 = True``. Tiles and launch options left out
+    come from ``default_config``; ``check_config`` says what each may be.
     """
     _check_operands(a, b)
-    config = default_config(a.dtype, a.is_cuda)
-    for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k), ("group_m", group_m)):
-        if value is not None:
-            config[key] = value
-    for key in ("block_m", "block_n", "block_k"):
-        size = config[key]
-        # tl.dot needs power-of-two tiles of at least 16 along every dimension.
-        if size < 16 or size & (size - 1):
-            raise ValueError(f"{key} must be a power of two >= 16, got {size}")
-    if config["group_m"] < 1:
-        raise ValueError(f"group_m must be at least 1, got {config['group_m']}")
+    given = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "group_m": group_m,
+             "num_warps": num_warps, "num_stages": num_stages}
+    config = {**default_config(a.dtype, a.is_cuda), **check_config({k: v for k, v in given.items() if v is not None})}
 
     (M, K), N = a.shape, b.shape[1]
     c = checks.output_buffer((M, N), a.dtype, a)
@@ -256,16 +277,30 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, *
     would be: Triton turns an integer argument equal to 1 into a constant and marks multiples of
     16, which is what lets it prove the loads contiguous and aligned, and so vectorise them.
     """
+    return compiled(capability, dtype, kernel, **overrides).asm["ptx"]
+
+
+def resources(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **overrides) -> dict[str, int]:
+    """Registers per thread, shared memory per program and threads of one program of the GEMM
+    kernel compiled with ``overrides`` (tiles, warps, stages) for ``capability``: what decides how
+    many programs share an SM (``simt.occupancy``)."""
     from fastdl_lab import triton_aot
 
-    config = {**default_config(dtype, on_gpu=True), **overrides}
+    return triton_aot.resources(compiled(capability, dtype, kernel, **overrides))
+
+
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **overrides):
+    """Triton's compiled GEMM kernel for ``capability`` (see ``ptx`` for how it is specialised)."""
+    from fastdl_lab import triton_aot
+
+    config = {**default_config(dtype, on_gpu=True), **check_config(overrides)}
     ty = device.TRITON_TYPES[dtype]
     signature = {**SIGNATURE, "a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}"}
     constexprs = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"],
                   "BLOCK_K": config["block_k"], "GROUP_M": config["group_m"],
                   "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
     aligned = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"]
-    return triton_aot.compile_to_ptx(kernel or _matmul_kernel, signature, constexprs, capability=capability,
+    return triton_aot.compile_kernel(kernel or _matmul_kernel, signature, constexprs, capability=capability,
                                      num_warps=config["num_warps"], num_stages=config["num_stages"],
                                      divisible_by_16=aligned)
 

@@ -2,6 +2,7 @@
 
 - Roofline arithmetic for a matrix multiply: FLOPs, the least bytes it must move, arithmetic
   intensity, the attainable FLOP/s under both roofs, and model FLOP utilisation (MFU).
+- ``compute_bound_batch_ref``: the batch from which a linear layer is compute-bound, if any.
 - ``plot_roofline``: both roofs on log-log axes with operations placed on them.
 - ``SimulatedAsyncDevice``: a deterministic stand-in for a GPU stream on the CPU, so that the
   timing pitfalls of asynchronous launches can be shown and graded on a machine without a GPU.
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import csv
 import datetime
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -60,6 +63,23 @@ def mfu_ref(achieved_tflops: float, peak_tflops: float) -> float:
     """Model FLOP utilisation: the fraction of the peak that the useful FLOPs achieved."""
     ### BEGIN SOLUTION
     return achieved_tflops / peak_tflops
+    ### END SOLUTION
+
+
+def compute_bound_batch_ref(d_in: int, d_out: int, bytes_per_elem: int, peak_tflops: float,
+                            peak_bw_gbs: float) -> int | None:
+    """Smallest batch ``b >= 1`` at which a linear layer, (b x d_in) @ (d_in x d_out) with the least
+    traffic, has an arithmetic intensity of at least the machine's ridge point; None if none does.
+    """
+    ### BEGIN SOLUTION
+    # Exact rationals: the answer is an integer threshold, and floats near it could round either way.
+    ridge = Fraction(peak_tflops) * 1000 / Fraction(peak_bw_gbs)
+    # Intensity 2 b d_in d_out / ((b d_in + d_in d_out + b d_out) e) grows with b towards
+    # 2 d_in d_out / ((d_in + d_out) e): the weights are read once whatever the batch.
+    slope = 2 * d_in * d_out - ridge * bytes_per_elem * (d_in + d_out)
+    if slope <= 0:
+        return None
+    return max(1, math.ceil(ridge * bytes_per_elem * d_in * d_out / slope))
     ### END SOLUTION
 
 
@@ -209,12 +229,15 @@ class SimulatedAsyncDevice:
                 f"launched={self.launched}, pending={self.pending})")
 
 
-def time_op_naive(dev: SimulatedAsyncDevice, iters: int) -> float:
-    """The loop that lies: no warm-up and no synchronize, so it times ``iters`` enqueues."""
-    start = time.perf_counter()
+def time_op_naive(dev: SimulatedAsyncDevice, iters: int) -> list[float]:
+    """The loop that lies, one sample per iteration: no warm-up and no synchronize, so each
+    sample is the time to enqueue the op."""
+    samples = []
     for _ in range(iters):
+        start = time.perf_counter()
         dev.launch()
-    return (time.perf_counter() - start) / iters
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def time_op_ref(dev: SimulatedAsyncDevice, iters: int = 10, warmup: int = 2) -> list[float]:
@@ -358,8 +381,8 @@ def check() -> None:
     with SimulatedAsyncDevice(op_seconds=0.005, compile_seconds=0.05) as dev:
         naive = time_op_naive(dev, 5)
         samples = time_op_ref(dev, iters=5, warmup=1)
-    assert naive < 0.005 <= min(samples) and max(samples) < 0.05, (naive, samples)
-    print(f"measure: checks passed (naive {naive * 1e6:.1f} us vs synced {min(samples) * 1e3:.2f} ms)")
+    assert max(naive) < 0.005 <= min(samples) and max(samples) < 0.05, (naive, samples)
+    print(f"measure: checks passed (naive {max(naive) * 1e6:.1f} us vs synced {min(samples) * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

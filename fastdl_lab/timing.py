@@ -295,3 +295,38 @@ def plot(results: dict[str, Timing | Comparison], ax=None, title: str | None = N
     if title:
         ax.set_title(title)
     return ax
+
+
+def plot_samples(samples: dict[str, list[float]], truth_s: float | None = None, ax=None, title: str | None = None):
+    """Strip plot of per-iteration times (seconds): one column per loop, its iterations as dots
+    from left to right with the first ringed, its mean as a bar, on a log axis in milliseconds.
+
+    Where a loop's average hides what happened (one slow first call, every call far too fast),
+    the dots show it; ``truth_s`` draws the time the op really takes.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.5, 2.0 * len(samples)), 3.6))
+    for col, (name, values) in enumerate(samples.items()):
+        ms = np.asarray(values, dtype=float) * 1e3
+        if ms.size == 0 or not (ms > 0).all():
+            raise ValueError(f"{name}: a log axis needs at least one sample, all positive")
+        xs = col + (np.linspace(-0.25, 0.25, ms.size) if ms.size > 1 else np.zeros(1))
+        ax.scatter(xs, ms, s=16, color="tab:blue", zorder=3, label="one iteration" if col == 0 else None)
+        ax.scatter(xs[:1], ms[:1], s=70, facecolors="none", edgecolors="tab:red", zorder=4,
+                   label="first iteration" if col == 0 else None)
+        ax.hlines(ms.mean(), col - 0.35, col + 0.35, colors="black", lw=1.5,
+                  label="mean: what one average reports" if col == 0 else None)
+    if truth_s is not None:
+        ax.axhline(truth_s * 1e3, ls="--", color="grey", label=f"the op's true time, {truth_s * 1e3:.3g} ms")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(samples)), list(samples), fontsize=8)
+    ax.set_xlim(-0.6, len(samples) - 0.4)
+    ax.set_ylabel("ms per iteration (log)")
+    # Slow samples sit high, so the bottom right is where a legend hides the least.
+    ax.legend(fontsize=7, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -137,6 +140,25 @@ def compile_to_ptx(
 ) -> str:
     """Compile ``kernel`` for NVIDIA compute capability ``capability`` and return its PTX.
 
+    Arguments as for ``compile_kernel``.
+    """
+    return compile_kernel(kernel, signature, constexprs, capability=capability, num_warps=num_warps,
+                          num_stages=num_stages, divisible_by_16=divisible_by_16).asm["ptx"]
+
+
+def compile_kernel(
+    kernel,
+    signature: dict[str, str],
+    constexprs: dict,
+    *,
+    capability: int = 90,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    divisible_by_16: Iterable[str] | None = None,
+):
+    """Compile ``kernel`` for NVIDIA compute capability ``capability``: Triton's compiled kernel,
+    with its PTX and cubin in ``.asm`` and its launch needs (shared memory) in ``.metadata``.
+
     ``signature`` maps every runtime argument to a Triton type (``"*fp32"``, ``"i32"``); the
     constexpr arguments may be left out of it, they are filled in from ``constexprs``.
     ``divisible_by_16`` names the arguments the launcher would see as multiples of 16 (pointers
@@ -170,7 +192,30 @@ def compile_to_ptx(
             target=GPUTarget("cuda", capability, 32),
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
-    return compiled.asm["ptx"]
+    return compiled
+
+
+def _cuobjdump() -> str:
+    # Shipped with Triton's NVIDIA backend, beside the ptxas that built the cubin.
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def resources(compiled) -> dict[str, int]:
+    """What one program of a compiled kernel occupies on an SM: registers per thread, shared
+    memory per program (bytes), threads per program, and local memory per thread (bytes), where
+    registers that do not fit are spilled."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        report = subprocess.run([_cuobjdump(), "--dump-resource-usage", str(cubin)], capture_output=True,
+                                text=True, check=True, timeout=60).stdout
+    usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", report)
+    if usage is None:
+        raise RuntimeError(f"cuobjdump reported no resource usage: {report.strip()[:200]}")
+    registers, static_shared, local = (int(g) for g in usage.groups())
+    # Triton's own buffers (pipelined tiles, reductions) are dynamic shared memory, in the metadata.
+    return {"registers": registers, "shared_bytes": static_shared + int(compiled.metadata.shared),
+            "threads": 32 * int(compiled.metadata.num_warps), "local_bytes": local}
 
 
 # Pointer element types a launch may pass, beyond the float formats the course's kernels take.

@@ -20,7 +20,8 @@
 # 1. **Peaks.** What the datasheets promise for the course GPUs, and what this machine
 #    actually delivers when measured.
 # 2. **The roofline model.** Why a kernel is limited either by arithmetic or by memory traffic,
-#    and how to tell which from two numbers. *(graded: `roofline`, 4 points)*
+#    how to tell which from two numbers, and from which batch size a layer stops being
+#    memory-bound. *(graded: `roofline`, 4 points: 2 for the calculators, 2 for the reasoning)*
 # 3. **Timing.** Why the obvious timing loop lies on an asynchronous device, and the loop that
 #    does not. *(graded: `timing`, 3 points)*
 # 4. **The course harness** (`fastdl_lab.timing`) that every later lab uses, and **MFU**.
@@ -96,7 +97,20 @@ measure.peaks_table().round(1)
 # achieve: achieved TFLOP/s divided by peak TFLOP/s. It is the standard efficiency figure for
 # training large models.
 #
-# **Your task:** implement the five functions below.
+# **Your task, part 1 (half the item):** implement the five calculators below.
+#
+# **Part 2 (the other half): from which batch is a layer compute-bound?** A linear layer
+# applied to a batch of $b$ tokens is a matrix multiply: activations $X$ ($b \times d_{in}$) times
+# weights $W$ ($d_{in} \times d_{out}$) gives $Y$ ($b \times d_{out}$). Write
+# `compute_bound_batch(d_in, d_out, bytes_per_elem, peak_tflops, peak_bw_gbs)`: the smallest
+# batch $b \ge 1$ for which the layer's arithmetic intensity, with the least traffic as above,
+# is at least the machine's ridge point, or `None` if no batch, however large, gets there.
+#
+# Reason it out before you code: how do the FLOPs and the bytes grow with $b$? Which term of
+# the traffic does not grow at all, and what does that do to the intensity of a batch of one
+# token (generating text one token at a time) and of a very large batch? Some layers need
+# batches of millions of tokens, so trying $b = 1, 2, 3, \ldots$ in turn is too slow; a closed
+# form or a bisection is not. The tests give you two answers to check against, not a formula.
 
 # %% nbgrader={"grade_id": "roofline_code", "solution": true}
 def matmul_flops(m, n, k):
@@ -134,6 +148,21 @@ def mfu(achieved_tflops, peak_tflops):
     ### END SOLUTION
 
 
+def compute_bound_batch(d_in, d_out, bytes_per_elem, peak_tflops, peak_bw_gbs):
+    """Smallest batch b >= 1 at which a (b x d_in) @ (d_in x d_out) layer reaches the ridge; None if none does."""
+    ### BEGIN SOLUTION
+    import math
+
+    ridge = peak_tflops * 1e3 / peak_bw_gbs
+    # b * (2 d_in d_out - ridge e (d_in + d_out)) >= ridge e d_in d_out: the weights' bytes do not
+    # grow with b, so the intensity rises towards 2 d_in d_out / ((d_in + d_out) e) and no further.
+    slope = 2 * d_in * d_out - ridge * bytes_per_elem * (d_in + d_out)
+    if slope <= 0:
+        return None
+    return max(1, math.ceil(ridge * bytes_per_elem * d_in * d_out / slope))
+    ### END SOLUTION
+
+
 # %% nbgrader={"grade_id": "roofline", "grade": true, "points": 4}
 import math
 
@@ -143,6 +172,9 @@ assert math.isclose(arithmetic_intensity(48, 104), 48 / 104)
 assert math.isclose(attainable_tflops(1.0, 100.0, 2000.0), 2.0), "1 FLOP/B x 2000 GB/s = 2 TFLOP/s"
 assert math.isclose(attainable_tflops(1000.0, 100.0, 2000.0), 100.0), "past the ridge: the compute roof"
 assert math.isclose(mfu(50.0, 200.0), 0.25)
+# A machine with a ridge of 100 FLOP/B, fp16 layers.
+assert compute_bound_batch(1024, 1024, 2, 100.0, 1000.0) == 125, compute_bound_batch(1024, 1024, 2, 100.0, 1000.0)
+assert compute_bound_batch(100, 100, 2, 100.0, 1000.0) is None, "100 x 100 weights: can any batch reach 100 FLOP/B?"
 print("roofline: visible tests passed")
 ### BEGIN HIDDEN TESTS
 assert matmul_flops(1, 1, 1) == 2
@@ -156,6 +188,10 @@ for ai in (0.01, 0.5, 10.0, 295.3, 295.4, 1e4):
     assert math.isclose(attainable_tflops(ai, 989.4, 3350.0), expected), ai
 assert math.isclose(mfu(989.4, 989.4), 1.0)
 assert math.isclose(mfu(0.3, 19.5), 0.3 / 19.5)
+assert compute_bound_batch(4096, 4096, 2, 989.4, 3350.0) == 346
+assert compute_bound_batch(8192, 1024, 1, 1979.0, 3350.0) == 438
+assert compute_bound_batch(4096, 4096, 4, 67.0, 3350.0) == 41
+assert compute_bound_batch(512, 512, 2, 989.4, 3350.0) is None
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -179,6 +215,18 @@ add_ai = arithmetic_intensity(1, 3 * 2)
 placed["add (fp16)"] = (add_ai, attainable_tflops(add_ai, h100.tflops, h100.bandwidth_gbs))
 measure.plot_roofline(h100, placed, title="H100 datasheet roofline, fp16 tensor cores (upper bounds)")
 plt.show()
+
+# %% [markdown]
+# The same question for a layer of a model being served: below the batch your
+# `compute_bound_batch` finds, the GPU spends its time reading weights, and adding requests to
+# the batch is almost free. A GPU with more bandwidth for the same compute (the H200) gets
+# there with smaller batches.
+
+# %%
+for key in ("t4", "a100", "h100", "h200"):
+    peak = device.PEAKS[key]
+    batch = compute_bound_batch(4096, 4096, 2, peak.fp16_tflops, peak.mem_bw_gbs)
+    print(f"{peak.name:>16}: a 4096 x 4096 fp16 layer is compute-bound from a batch of {batch} tokens")
 
 # %% [markdown]
 # ## 3. The roofline of *this* machine, measured
@@ -249,33 +297,41 @@ plt.show()
 # Your CPU has no queue to show this, so `measure.SimulatedAsyncDevice` provides one: `launch()`
 # enqueues an op that takes `op_seconds` on a background worker and returns immediately; the
 # first op pays `compile_seconds` extra; `synchronize()` waits for the queue to drain; `result()`
-# waits and returns a value, like `.item()`. Its ops take 20 ms here. First, the naive loop:
+# waits and returns a value, like `.item()`. Its ops take 20 ms here.
+#
+# Below, two loops time the same op ten times, one sample per iteration, and the plot shows
+# every sample. The **naive** loop reads the clock as soon as `launch()` returns. The second
+# waits with `synchronize()` before reading the clock, but starts timing from the very first
+# call.
 
 # %%
 OP, COMPILE = (0.005, 0.1) if QUICK else (0.02, 0.4)
+ITERS = 10
 
+
+pitfalls = {}
 with measure.SimulatedAsyncDevice(op_seconds=OP, compile_seconds=COMPILE) as dev:
-    naive = measure.time_op_naive(dev, iters=10)
-    print(f"naive loop: {naive * 1e3:.3f} ms per op (truth: {OP * 1e3:.0f} ms); "
-          f"{dev.pending} of {dev.launched} ops were still queued when the timer stopped")
-
-# %% [markdown]
-# Far too fast: the loop measured `launch()`. Add a synchronize before reading the timer, but
-# still no warm-up:
-
-# %%
+    pitfalls["no synchronize"] = measure.time_op_naive(dev, ITERS)  # each sample: start, launch(), stop
+    queued = dev.pending
 with measure.SimulatedAsyncDevice(op_seconds=OP, compile_seconds=COMPILE) as dev:
-    t0 = time.perf_counter()
-    for _ in range(10):
+    samples = []
+    for _ in range(ITERS):
+        start = time.perf_counter()
         dev.launch()
-    dev.synchronize()  # wait for all ten before reading the clock
-    synced = (time.perf_counter() - t0) / 10
-print(f"synced, no warm-up: {synced * 1e3:.1f} ms per op (truth: {OP * 1e3:.0f} ms)")
+        dev.synchronize()
+        samples.append(time.perf_counter() - start)
+    pitfalls["synchronize,\nno warm-up"] = samples
+timing.plot_samples(pitfalls, truth_s=OP,
+                    title=f"{ITERS} timed iterations each; {queued} ops still queued when the naive loop stopped")
+plt.show()
 
 # %% [markdown]
-# Now too slow: the first call's compilation is spread over the ten iterations. With 100
-# iterations the error would shrink, with 3 it would grow — a result that depends on the loop
-# count is not measuring the op.
+# The naive loop's dots sit a thousand times below the dashed line: it timed `launch()`, and
+# most of the work was still queued when it stopped. With a synchronize every dot but the first
+# sits on the line; the first (ringed) paid for the compilation, and drags the mean — the one
+# number a loop reports when it divides its total by its count — far above the truth. With 100
+# iterations the mean would come closer, with 3 it would move further away: a result that
+# depends on the loop count is not measuring the op.
 #
 # Hidden synchronizations cost real time in a loop where the host has its own work to do. Below
 # each step has 10 ms of host work (say, preparing the next batch) and one 20 ms device op. If
@@ -342,6 +398,15 @@ with measure.SimulatedAsyncDevice(op_seconds=0.015, compile_seconds=0.3) as _dev
 assert len(_samples) == 4 and all(0.015 <= s < 0.3 for s in _samples)
 assert len(set(_samples)) > 1, "per-iteration samples, not one average repeated"
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# Your loop beside the two broken ones, on the same op:
+
+# %%
+with measure.SimulatedAsyncDevice(op_seconds=OP, compile_seconds=COMPILE) as dev:
+    pitfalls["your time_op\n(warm-up, synchronize)"] = time_op(dev, iters=ITERS, warmup=2)
+timing.plot_samples(pitfalls, truth_s=OP, title=f"{ITERS} timed iterations each")
+plt.show()
 
 # %% [markdown]
 # ## 5. The course harness

@@ -19,13 +19,18 @@
 # operation that can reach a GPU's compute roof, because it does $O(n^3)$ work on $O(n^2)$ data.
 # In this lab you will:
 #
-# 1. climb from three Python loops to a BLAS library and see how far apart they are;
-# 2. write a **tiled Triton matmul kernel** *(graded: `matmul_fp32` 4 points, `matmul_fp16`
-#    2 points, `matmul_speed` 2 points on GPU profiles)*;
-# 3. implement the **grouped launch order** that makes tiles share the L2 cache *(graded:
+# 1. see where the famous "100× faster on a GPU" figures came from, then climb from three Python
+#    loops to a BLAS library and see how far apart they are;
+# 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing) and
+#    write a first, small kernel: a **row sum** *(graded: `row_sum`, 2 points)*;
+# 3. write a **tiled Triton matmul kernel** *(graded: `matmul_fp32` 4 points, `matmul_fp16`
+#    2 points)*;
+# 4. implement the **grouped launch order** that makes tiles share the L2 cache *(graded:
 #    `grouped_order`, 2 points)*;
-# 4. meet tensor cores and TF32, place every version on the roofline, and compile your kernel
-#    for real GPUs even if you do not have one.
+# 5. meet tensor cores and TF32, place every version on the roofline, and compile your kernel
+#    for real GPUs even if you do not have one;
+# 6. tune tiles, `num_warps` and `num_stages` from what the compiler reports, and on a GPU by
+#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*.
 #
 # Without a GPU, Triton kernels run in the **Triton interpreter** (`TRITON_INTERPRET=1`, switched
 # on by `fastdl_lab.device`): the same source, executed with NumPy on the CPU. It is exact enough
@@ -39,9 +44,10 @@ print(device.describe())
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 
-from fastdl_lab import checks, gemm, measure, timing, triton_aot
+from fastdl_lab import checks, gemm, measure, rowsum, simt, timing, triton_aot
 
 GPU = device.has_gpu()
 DEV = "cuda" if GPU else "cpu"
@@ -54,8 +60,34 @@ QUICK = device.quick()
 # Around 2009, papers regularly reported GPU speedups of 10× to over 100× against CPUs. In 2010
 # a team at Intel (Lee et al., *Debunking the 100X GPU vs. CPU Myth*, ISCA 2010) re-ran 14
 # throughput kernels on an NVIDIA GTX 280 and an Intel Core i7-960 with both sides carefully
-# optimised, and measured the GPU at about **2.5× faster on average**. The large figures had
-# typically compared a tuned GPU kernel against single-threaded, unvectorised CPU code.
+# optimised, and measured the GPU at about **2.5× faster on average**.
+#
+# Where did the big figures come from? Put the two chips' datasheet roofs side by side, the way
+# lab 00 taught. The GTX 280 (2008) had 240 simple cores at 1.3 GHz, each able to issue a fused
+# multiply-add (2 FLOPs) per cycle, plus a multiply on a separate unit that only some code
+# could use; its memory moved 141.7 GB/s. The Core i7-960 (2009) had 4 cores at 3.2 GHz, each
+# able to issue a 4-wide SSE add and a 4-wide SSE multiply per cycle (8 FLOPs), and three
+# channels of DDR3 at 25.6 GB/s.
+
+# %%
+gtx280_fma = 240 * 1.296 * 2  # GFLOP/s: cores x GHz x FLOPs per cycle (multiply-add)
+gtx280_peak = 240 * 1.296 * 3  # counting the extra multiply, as the datasheet did
+i7_peak = 4 * 3.2 * 8  # 4 cores x 3.2 GHz x (4-wide add + 4-wide multiply)
+i7_one_scalar_core = 1 * 3.2 * 2  # one thread, no SSE: one add and one multiply per cycle
+print(f"compute roofs:   GTX 280 {gtx280_fma:.0f}-{gtx280_peak:.0f} GFLOP/s, Core i7 {i7_peak:.1f} GFLOP/s "
+      f"-> {gtx280_fma / i7_peak:.1f}-{gtx280_peak / i7_peak:.1f}x")
+print(f"bandwidth roofs: GTX 280 141.7 GB/s, Core i7 25.6 GB/s -> {141.7 / 25.6:.1f}x")
+print(f"against one thread of scalar code: {gtx280_fma / i7_one_scalar_core:.0f}-"
+      f"{gtx280_peak / i7_one_scalar_core:.0f}x")
+
+# %% [markdown]
+# Tuned code on both sides can at best approach the ratio of the roofs: about 6–9× for
+# compute-bound kernels, about 5.5× for memory-bound ones, and less where the GPU's simple cores
+# cope badly with branches or irregular access, hence Intel's 2.5× on average. A tuned GPU kernel
+# compared with a single CPU thread that uses no SIMD instructions, the usual baseline of the
+# day, starts with a 16× handicap for the CPU (4 cores idle, 4 SIMD lanes idle): 100–150× follows
+# from the datasheets alone, before any difference in the care spent on the two programs. Some
+# reports also left out the copies between host and GPU memory, or compared against an older CPU.
 #
 # The lesson for this course: a speedup is only meaningful against a competent baseline, in the
 # same precision, measured the same way. Our baseline is always a tuned library (`torch.matmul`,
@@ -96,15 +128,206 @@ print(f"BLAS / loops at n=48: {rates['torch n=48'] / rates['loops n=48']:,.0f}x"
 # magnitude — a measurement artefact worth recognising.
 
 # %% [markdown]
-# ## 3. Tiling: reuse every byte you load
+# ## 3. How a GPU runs a kernel
+#
+# Before writing a kernel, the machine it runs on.
+#
+# **Streaming multiprocessors and SIMT.** An NVIDIA GPU is built from **streaming
+# multiprocessors (SMs)**: 40 on a T4, 108 on an A100, 132 on an H100. Each SM is a processor of
+# its own, with its registers, its on-chip memory and four instruction schedulers. Threads are
+# handled in **warps** of 32: a scheduler issues one instruction for all 32 threads of a warp at
+# once, and each thread applies it to its own data (*single instruction, multiple threads*,
+# SIMT). When threads of a warp disagree at a branch, the warp runs both sides one after the
+# other with the threads of the other side switched off, which is why branchy code is slow on a
+# GPU. An SM keeps dozens of warps resident (up to 64 on an A100 or H100) and picks a ready one
+# every cycle: while some warps wait hundreds of cycles for memory, others compute. A GPU hides
+# memory latency with many independent warps, where a CPU core uses large caches and
+# speculation.
+#
+# **Blocks, and what a Triton program is.** A CUDA kernel is launched as a grid of **thread
+# blocks**. A block runs on one SM from start to end; its threads share that SM's on-chip memory
+# and can synchronise with each other, threads of different blocks cannot. A Triton **program**
+# is one such block. `kernel[grid](...)` launches `grid` programs, `tl.program_id(0)` tells each
+# program which one it is, and the launch option `num_warps` (4 unless you say otherwise) sets
+# its size: 32 × `num_warps` threads. You never address threads in Triton. You write operations
+# on whole blocks of values (`tl.arange(0, 512)` is a block of 512 offsets) and the compiler
+# spreads each block over the program's threads: 512 fp32 values at 4 warps are 4 values in the
+# registers of each of 128 threads. That is why block sizes are `tl.constexpr`, compile-time
+# constants, and powers of two: the compiler lays the block out over threads and registers when
+# it compiles, and each new value compiles a new version of the kernel.
+#
+# **The memory hierarchy.** Each level down is larger, further from the arithmetic, and slower
+# (sizes for an H100):
+#
+# | level | where | size | in a Triton kernel |
+# |---|---|---|---|
+# | registers | private to each thread | 256 KB per SM | the blocks you compute with, such as an accumulator |
+# | shared memory (with L1) | in the SM, shared by one program's warps | up to 228 KB per SM | operands of `tl.dot`, staged there by the compiler |
+# | L2 cache | one per GPU, shared by every SM | 50 MB | tiles that several programs read (section 7) |
+# | HBM (DRAM) | beside the chip | 80 GB at 3.35 TB/s | your tensors; every `tl.load` starts here |
+#
+# How many programs share an SM at once (its **occupancy**) depends on what one program needs:
+# its registers (per thread, times its threads) and its shared memory must fit beside the
+# others'. Section 10 reads those figures from the compiler.
+#
+# **Coalescing.** Data moves from memory to an SM in 32-byte sectors, and the loads of a warp's 32
+# threads are served together. When the 32 threads read 32 neighbouring fp32 values (128 bytes),
+# the warp costs 4 sectors and every byte moved is used: the load is **coalesced**. When they
+# read every 8th value or further apart, as when walking down a column of a row-major matrix,
+# each thread pays for a sector of its own: 32 sectors for the same 128 useful bytes, an eighth
+# of the bandwidth. The rule for Triton kernels: let the dimension of a block that varies
+# fastest be the one with stride 1 in memory.
+
+# %%
+sm_table = pd.DataFrame(
+    [{"GPU": g.name, "SMs": g.sms, "warps per SM": g.max_warps_per_sm, "programs per SM (max)": g.max_programs_per_sm,
+      "shared memory per SM (KiB)": g.shared_bytes_per_sm >> 10, "registers per SM": simt.REGISTERS_PER_SM,
+      "L2 (MiB)": g.l2_bytes >> 20} for g in simt.GPUS.values()]).set_index("GPU")
+sm_table
+
+# %%
+strides = [1, 2, 4, 8, 16, 32]
+fig, ax = plt.subplots(figsize=(6, 3))
+for elem_bytes, label in ((4, "fp32"), (2, "fp16")):
+    ax.plot(strides, [simt.load_efficiency(s, elem_bytes) for s in strides], "o-", label=label)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("stride between the elements of neighbouring threads (elements)")
+ax.set_ylabel("bytes used / bytes moved")
+ax.set_title("One warp's load: 32-byte sectors moved for 32 elements", fontsize=10)
+ax.legend()
+plt.show()
+print("sectors per warp load, fp32:", {s: simt.warp_sectors(s, 4) for s in strides})
+
+# %% [markdown]
+# ## 4. A first kernel: row sums
+#
+# The warm-up kernel sums every row of an `M × N` matrix $x$ into a vector $y$ of length `M`.
+# It is a matrix multiply by a column of ones, and its kernel has the GEMM's skeleton without
+# the tiling: once it works, section 5 adds a second operand and `tl.dot`.
+#
+# Write `row_sum_kernel` with exactly the signature below. The launcher
+# `rowsum.row_sum(x, kernel=..., block_m=..., block_n=...)` validates `x`, allocates $y$
+# (filled with NaN on the CPU, so a row you never write is caught) and launches
+# `cdiv(M, BLOCK_M)` programs on a 1-D grid. Element `(i, j)` of $x$ is at
+# `x_ptr + i * stride_xm + j * stride_xn`: the tests pass padded rows (`stride_xm > N`) and
+# transposed matrices (`stride_xm == 1`), so use both strides.
+#
+# Your kernel must:
+#
+# 1. **find its rows**: program `pid = tl.program_id(0)` owns rows
+#    `pid * BLOCK_M + tl.arange(0, BLOCK_M)`, a block of `BLOCK_M` row indices;
+# 2. **walk along the columns** in steps of `BLOCK_N`: `for start in range(0, N, BLOCK_N)`, with
+#    column offsets `start + tl.arange(0, BLOCK_N)`. Rows along one axis and columns along the
+#    other make a 2-D block of pointers: `rows[:, None]` is a column, `cols[None, :]` a row, and
+#    arithmetic between them broadcasts to `BLOCK_M × BLOCK_N`;
+# 3. **mask** every load: the last program's rows may run past `M` and the last step's columns
+#    past `N`. `tl.load(ptrs, mask=m, other=0.0)` reads only where `m` is true and gives 0
+#    elsewhere, so the padding adds nothing. Without the mask the kernel reads the neighbour row,
+#    the padding, or memory that is not the tensor's at all;
+# 4. **accumulate in fp32** (`tl.zeros((BLOCK_M,), dtype=tl.float32)`, loads converted with
+#    `.to(tl.float32)`, `tl.sum(block, axis=1)` per step), whatever the input type: a long fp16
+#    sum accumulated in fp16 loses its low digits;
+# 5. **store** one value per row, converted to $y$'s element type (`y_ptr.dtype.element_ty`),
+#    with a mask on the rows.
+#
+# `M` and `N` are not multiples of the blocks in the tests. On the CPU every load and store is
+# checked (`fastdl_lab/bounds.py`): one outside the tensors raises `OutOfBoundsAccess`, naming the
+# kernel, the argument, the element and the program.
+
+# %% nbgrader={"grade_id": "row_sum_kernel_code", "solution": true}
+from fastdl_lab import device  # noqa: F401  (before triton: the interpreter is on without a GPU)
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_sum_kernel(
+    x_ptr, y_ptr,
+    M, N,
+    stride_xm, stride_xn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    ### BEGIN SOLUTION
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        ptrs = x_ptr + rows[:, None] * stride_xm + c[None, :] * stride_xn
+        x = tl.load(ptrs, mask=row_ok[:, None] & (c[None, :] < N), other=0.0)
+        acc += tl.sum(x.to(tl.float32), axis=1)
+    tl.store(y_ptr + rows, acc.to(y_ptr.dtype.element_ty), mask=row_ok)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "row_sum", "grade": true, "points": 2}
+import torch
+
+from fastdl_lab import checks, device, rowsum
+
+_dev = "cuda" if device.has_gpu() else "cpu"
+
+
+def _try_rows(x, name, **blocks):
+    rowsum.check_row_sum(rowsum.row_sum(x, kernel=row_sum_kernel, **blocks), x, name=name)
+
+
+# One program; ragged rows and columns; a row longer than its block; padded rows; a transpose.
+_try_rows(checks.randn(1, 5, seed=1, device=_dev), "1 x 5")
+_try_rows(checks.randn(37, 300, seed=2, device=_dev), "37 x 300")
+_try_rows(checks.randn(21, 50, seed=3, device=_dev), "21 x 50, 8 x 16 blocks", block_m=8, block_n=16)
+_wide = checks.randn(19, 64, seed=4, device=_dev)
+_try_rows(_wide[:, :45], "19 x 45 inside 19 x 64 rows")
+_try_rows(_wide.t(), "64 x 19, transposed")
+print("row_sum: visible tests passed")
+### BEGIN HIDDEN TESTS
+_try_rows(checks.randn(130, 77, seed=5, device=_dev), "130 x 77, 16 x 16 blocks", block_m=16, block_n=16)
+_try_rows(checks.randn(200, 1, seed=6, device=_dev), "200 x 1")
+_try_rows(checks.randn(33, 1000, dtype=torch.float16, seed=7, device=_dev), "fp16 33 x 1000")
+_wide = checks.randn(40, 100, seed=8, device=_dev)
+_try_rows(_wide[3:, 7:90], "37 x 83 inside 40 x 100 rows", block_m=4, block_n=32)
+_try_rows(_wide.t()[:61], "61 x 40 transposed")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **What one program becomes.** `rowsum.ptx` compiles the same kernel for an H100 twice: as a
+# launch on row-major rows would be, where Triton sees `stride_xn == 1` and turns it into a
+# constant, and with the column stride left unknown. `.reqntid` is the number of threads per
+# program (32 × `num_warps`); `ld.global` are loads from memory. With the stride known to be 1,
+# each thread loads four neighbouring fp32 values per instruction (`ld.global.v4`); without it,
+# one at a time. On a GPU, the same sum over a transposed (column-major) matrix shows what
+# uncoalesced loads cost.
+
+# %%
+for contiguous in (True, False):
+    listing = rowsum.ptx(90, torch.float32, contiguous=contiguous, kernel=row_sum_kernel)
+    threads = next(line.split()[1] for line in listing.splitlines() if ".reqntid" in line)
+    loads = [line.split()[1] for line in listing.splitlines() if "ld.global" in line]
+    print(f"stride_xn {'== 1 ' if contiguous else 'unknown'}: {threads} threads per program, "
+          f"{len(loads)} load instructions per thread per step: {sorted(set(loads))}")
+
+if GPU:
+    x = checks.randn(8192, 8192, device="cuda", seed=0)
+    xt = x.t().contiguous().t()  # the same matrix, stored column by column
+    cmp = timing.compare(lambda: rowsum.row_sum(xt, kernel=row_sum_kernel),
+                         lambda: rowsum.row_sum(x, kernel=row_sum_kernel))
+    print(f"row sums of a column-major matrix vs a row-major one: {cmp}")
+else:
+    print("needs a GPU: uncoalesced loads cost bandwidth on a GPU, the interpreter only emulates the kernel")
+
+# %% [markdown]
+# ## 5. Tiling: reuse every byte you load
 #
 # A GPU kernel that computed each $C_{ij}$ on its own would read a row of $A$ and a column of $B$
 # for $2k$ FLOPs: 2 FLOPs per 2 loaded values, 0.25 FLOP/B in fp32 — deep in memory-bound
-# territory. **Tiling** fixes this. Each Triton *program* (one instance of the kernel, run by a
-# group of threads on one SM) computes a `BLOCK_M × BLOCK_N` tile of $C$. It walks along $K$ in
-# steps of `BLOCK_K`, each time loading a `BLOCK_M × BLOCK_K` tile of $A$ and a
-# `BLOCK_K × BLOCK_N` tile of $B$ into fast on-chip memory and multiplying them with `tl.dot`
-# (which uses tensor cores). Per step it moves $(B_M + B_N) B_K$ values and performs
+# territory. **Tiling** fixes this. Each program computes a `BLOCK_M × BLOCK_N` tile of $C$,
+# as your row-sum program computed `BLOCK_M` sums. It walks along $K$ in steps of `BLOCK_K`,
+# as the row sum walked along the columns, each time loading a `BLOCK_M × BLOCK_K` tile of $A$
+# and a `BLOCK_K × BLOCK_N` tile of $B$ and multiplying them with `tl.dot`, which stages them
+# in shared memory and runs on the tensor cores (section 8); the accumulator stays in
+# registers. Per step it moves $(B_M + B_N) B_K$ values and performs
 # $2 B_M B_N B_K$ FLOPs, so its intensity against whatever feeds it is
 # $\frac{2 B_M B_N}{(B_M + B_N)\cdot\text{bytes}}$:
 
@@ -118,7 +341,7 @@ for bm, bn in [(16, 16), (32, 32), (64, 64), (128, 128), (128, 256), (256, 256)]
 # %% [markdown]
 # Even 128×128 tiles fall short of the H100's ridge if every tile came from DRAM. They do not
 # all have to: programs running at the same time that need the same tiles of $A$ or $B$ find
-# them in the L2 cache. Section 5 arranges for that.
+# them in the L2 cache. Section 7 arranges for that.
 #
 # ### Your kernel
 #
@@ -132,7 +355,7 @@ for bm, bn in [(16, 16), (32, 32), (64, 64), (128, 128), (128, 256), (256, 256)]
 # Your kernel must:
 #
 # 1. map `tl.program_id(0)` to a tile `(pid_m, pid_n)`. Row-major
-#    (`pid // num_pid_n, pid % num_pid_n`) is correct; the grouped order of section 5 is
+#    (`pid // num_pid_n, pid % num_pid_n`) is correct; the grouped order of section 7 is
 #    faster on a GPU (use it once you have written `grouped_pid`);
 # 2. build the row offsets `pid_m * BLOCK_M + tl.arange(0, BLOCK_M)`, the column offsets, and
 #    `tl.arange(0, BLOCK_K)`, and from them 2-D blocks of pointers into $A$ and $B$
@@ -237,7 +460,7 @@ _try(70, 50, 40, torch.float16, seed=70, block_m=16, block_n=32, block_k=16, gro
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. What your kernel compiles to
+# ## 6. What your kernel compiles to
 #
 # The interpreter never produces GPU code, so passing the tests above on a CPU does not prove
 # the kernel compiles for a GPU. Triton's compiler, however, needs no GPU when told the target.
@@ -254,10 +477,11 @@ for cap in (80, 90):
 print(next(line.split()[0] for line in ptx.splitlines() if "wgmma.mma_async" in line))
 
 # %% [markdown]
-# ## 5. Grouped launch order
+# ## 7. Grouped launch order
 #
-# A GPU runs as many programs at once as it has room for — roughly one per SM, 132 on an H100 —
-# and they all want tiles of $A$ and $B$. With **row-major** order, consecutive programs compute
+# A GPU runs as many programs at once as its SMs have room for: for 128 × 128 tiles one or two
+# per SM, a wave of 132 to 264 programs on an H100 (section 10 counts them). They all want tiles
+# of $A$ and $B$. With **row-major** order, consecutive programs compute
 # the tiles of one row of $C$: they share one row-block of $A$ but each needs a different
 # column-block of $B$, so a wave of programs touches a whole band of $B$.
 #
@@ -329,7 +553,7 @@ for ax, (title, fn, kw) in zip(axes, orders, strict=True):
 plt.show()
 
 # %% [markdown]
-# ## 6. Tensor cores and TF32
+# ## 8. Tensor cores and TF32
 #
 # Tensor cores multiply small matrix tiles in one instruction, at 8–16× the rate of ordinary fp32
 # arithmetic. They take 16-bit inputs (fp16, bf16) — and, since Ampere, **TF32**: a 19-bit format
@@ -382,7 +606,7 @@ else:
     print("needs a GPU: TF32 is a tensor-core format")
 
 # %% [markdown]
-# ## 7. Every version on the roofline
+# ## 9. Every version on the roofline
 #
 # Each point: the rate achieved (minimum-traffic FLOPs over time) against the arithmetic
 # intensity of the whole product, on this machine's measured roofline. Pure Python sits orders
@@ -420,25 +644,110 @@ measure.plot_roofline(roof, points)
 plt.show()
 
 # %% [markdown]
-# ## 8. Speed
+# ## 10. Tuning the launch: tiles, `num_warps`, `num_stages`
 #
-# The last graded item times your kernel against `torch.matmul` (cuBLAS) on a 4096³ fp16
-# product, interleaved, on a GPU grading profile. Reaching cuBLAS is hard; getting within a
-# small factor of it with forty lines of Triton is the point. On a CPU this cell only reports
-# that the item needs a GPU: the autograder decides it.
+# Your kernel's source fixes what each program computes; the launch decides how big a program
+# is and how it runs. Six numbers matter, and `gemm.matmul` takes all of them
+# (`gemm.check_config` says what each may be):
+#
+# - **the tile**, `block_m × block_n` with steps of `block_k`: larger tiles reuse every loaded
+#   value more (section 5's intensity), but make fewer programs, each holding more;
+# - **`group_m`**, the band height of section 7;
+# - **`num_warps`**: threads per program, 32 × `num_warps`. The tile's values are divided among
+#   them: a 128 × 128 fp32 accumulator is 16 384 values, 128 per thread at 4 warps and 64 at 8.
+#   More warps mean fewer registers per thread and more warps for the schedulers to switch
+#   between while loads are in flight, but more warp slots taken per program;
+# - **`num_stages`**: how deep the compiler pipelines the K loop. With `s` stages it keeps the
+#   $A$ and $B$ tiles of `s` K-steps in shared memory at once, so the loads of the next steps
+#   (asynchronous copies into shared memory, the `cp.async` of section 6's PTX) are on their
+#   way while `tl.dot` works on the current one. Shared memory per program grows with `s`: about
+#   `s × (block_m + block_n) × block_k × bytes`.
+#
+# All of this is decided at compile time, so the compiler can tell you what a configuration
+# costs without a GPU. Below, your kernel is compiled for an H100 with a few configurations;
+# for each: registers per thread and shared memory per program (from the compiled cubin),
+# how many programs fit on one SM and which resource stops more (`simt.occupancy`), how many
+# waves a 4096³ fp16 product then takes on 132 SMs (`simt.waves`: 3.9 means four rounds, the
+# last one 90% full), and the tile's intensity against what feeds it. A configuration whose
+# registers overflow shows *local* bytes (spilled to memory: slow); one whose shared memory
+# does not fit cannot launch at all.
+
+# %%
+TUNING = [
+    {"block_m": 64, "block_n": 64, "block_k": 32, "num_warps": 4, "num_stages": 2},
+    {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 4, "num_stages": 3},
+    {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+    {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3},
+]
+rows = []
+for config in TUNING[1:3] if QUICK else TUNING:
+    used = gemm.resources(90, torch.float16, kernel=matmul_kernel, **config)
+    fit = simt.occupancy(used["registers"], used["shared_bytes"], config["num_warps"], "h100")
+    programs = triton.cdiv(4096, config["block_m"]) * triton.cdiv(4096, config["block_n"])
+    bm, bn = config["block_m"], config["block_n"]
+    rows.append({**config, "registers": used["registers"], "local bytes": used["local_bytes"],
+                 "shared KiB": used["shared_bytes"] / 1024, "programs per SM": fit.programs_per_sm,
+                 "limited by": fit.limited_by, "waves (4096^3)": simt.waves(programs, fit.programs_per_sm, "h100"),
+                 "tile FLOP/B": 2 * bm * bn / ((bm + bn) * 2)})
+pd.DataFrame(rows).round(2)
+
+# %% [markdown]
+# Read the table before timing anything. Going from 4 to 8 warps roughly halves the registers
+# each thread needs for the same tile; a deeper pipeline or a longer `block_k` multiplies the
+# shared memory, and past a point only one program fits on an SM, so nothing else runs while it
+# waits at a synchronisation. There is no single best row: the clock decides, and it differs
+# between GPUs (an A100 has 164 KiB of shared memory per SM, a T4 64 KiB: what fits on an H100
+# may not launch there).
+#
+# **Your task (graded on GPU profiles).** Choose `MATMUL_CONFIG`, the configuration the grader
+# launches your kernel with when it times it against cuBLAS in section 11. Any of the six keys
+# may be given; those left out take `gemm.default_config`'s values. On a GPU, time a few
+# candidates with the cell below and keep the fastest; without one, reason from the table (and
+# keep within the shared memory of the GPU you will be graded on). The choice is checked on
+# every machine; it is timed only on GPU profiles.
+
+# %%
+if GPU:
+    a = checks.randn(4096, 4096, dtype=torch.float16, device="cuda", seed=0)
+    b = checks.randn(4096, 4096, dtype=torch.float16, device="cuda", seed=1)
+    for config in TUNING:
+        try:
+            cmp = timing.compare(lambda: gemm.matmul(a, b, kernel=matmul_kernel, **config), lambda: torch.matmul(a, b))
+            print(f"{config}: {cmp.speedup:.2f}x torch.matmul")
+        except Exception as exc:  # a configuration this GPU cannot launch (out of shared memory)
+            print(f"{config}: does not run here: {type(exc).__name__}: {str(exc)[:120]}")
+else:
+    print("needs a GPU: timing configurations needs the real kernel; the table above does not")
+
+# %% nbgrader={"grade_id": "matmul_tuning_code", "solution": true}
+### BEGIN SOLUTION
+# Two 128 x 128 programs per SM on an H100 (registers) with a three-stage pipeline of 48 KiB,
+# which also fits an A100 and a T4.
+MATMUL_CONFIG = {"block_m": 128, "block_n": 128, "block_k": 32, "group_m": 8, "num_warps": 4, "num_stages": 3}
+### END SOLUTION
+
+# %% [markdown]
+# ## 11. Speed
+#
+# The last graded item times your kernel, launched with `MATMUL_CONFIG`, against
+# `torch.matmul` (cuBLAS) on a 4096³ fp16 product, interleaved, on a GPU grading profile.
+# Reaching cuBLAS is hard; getting within a small factor of it with forty lines of Triton is
+# the point. On a CPU this cell checks your configuration and reports that the timing needs a
+# GPU: the autograder decides it.
 
 # %% nbgrader={"grade_id": "matmul_speed", "grade": true, "points": 2}
 import torch
 
 from fastdl_lab import checks, device, gemm, timing
 
+_config = gemm.check_config(MATMUL_CONFIG)
 if device.has_gpu():
     _a = checks.randn(4096, 4096, dtype=torch.float16, device="cuda", seed=0)
     _b = checks.randn(4096, 4096, dtype=torch.float16, device="cuda", seed=1)
-    _cmp = timing.compare(lambda: gemm.matmul(_a, _b, kernel=matmul_kernel), lambda: torch.matmul(_a, _b))
+    _cmp = timing.compare(lambda: gemm.matmul(_a, _b, kernel=matmul_kernel, **_config), lambda: torch.matmul(_a, _b))
     print(f"your kernel vs torch.matmul: {_cmp.speedup:.2f}x (95% CI {_cmp.ci_low:.2f}-{_cmp.ci_high:.2f})")
 else:
-    print("needs a GPU: speed is graded only on GPU profiles")
+    print(f"MATMUL_CONFIG {_config} is valid; needs a GPU: speed is graded only on GPU profiles")
 
 # %% [markdown]
 # ## Summary
@@ -446,7 +755,12 @@ else:
 # - A matrix multiply does $O(n^3)$ work on $O(n^2)$ data; tiling turns that into arithmetic
 #   intensity high enough to reach the compute roof, and grouped ordering turns neighbouring
 #   programs' shared tiles into L2 hits.
+# - A Triton program is one thread block on one SM: `num_warps` warps of 32 threads sharing
+#   registers and shared memory. You write it in blocks, with offsets and masks; loads along the
+#   stride-1 dimension coalesce.
 # - Tensor cores are where a modern GPU's FLOPs are; fp16, bf16 and TF32 are the ways in.
 #   TF32 trades mantissa bits for speed and is opt-in in PyTorch, default in `tl.dot`.
+# - Tiles, `num_warps` and `num_stages` trade reuse against registers and shared memory, and so
+#   against how many programs share an SM; the compiler reports the costs, the clock decides.
 # - Compare against a tuned baseline, in the same precision, measured the same way — then
 #   "100×" shrinks to what the hardware's roofs allow.

@@ -170,21 +170,24 @@ plt.show()
 #
 # Written with PyTorch ops (`softmax.softmax_eager_steps`) it takes five: a row max, a subtract,
 # an exp, a row sum and a divide. Each reads its inputs from memory and writes its output to
-# memory. **Count the traffic in elements**, for an `M × N` matrix (`M` rows of `N` columns):
+# memory, and the next op reads that output back. **Count the traffic**, in elements, for an
+# `M × N` matrix (`M` rows of `N` columns). The first row of the table is done for you:
 #
 # | op | reads | writes |
 # |---|---|---|
-# | max | $MN$ | $M$ |
-# | subtract | $MN + M$ | $MN$ |
-# | exp | $MN$ | $MN$ |
-# | sum | $MN$ | $M$ |
-# | divide | $MN + M$ | $MN$ |
+# | max over each row | $MN$ | $M$ (one maximum per row) |
+# | subtract the row's max | ? | ? |
+# | exp | ? | ? |
+# | sum over each row | ? | ? |
+# | divide by the row's sum | ? | ? |
 #
-# In all $8MN + 4M$ elements. A fused kernel reads the matrix once and writes the result once:
-# $2MN$ elements. Multiply both by the bytes per element.
+# Look at `softmax_eager_steps` for what each op takes and returns: an op that combines the
+# matrix with one value per row reads both. Then the fused kernel you write in section 4: it
+# reads the matrix and writes the result, and keeps everything in between on chip.
 #
 # **Your task:** `softmax_bytes(n_rows, n_cols, bytes_per_elem)` returns the pair
-# `(naive_bytes, fused_bytes)` under exactly this contract.
+# `(naive_bytes, fused_bytes)`: the bytes moved by the five eager ops and by a fused kernel,
+# each element costing `bytes_per_elem`. The test gives you one example to check against.
 
 # %% nbgrader={"grade_id": "softmax_bytes_code", "solution": true}
 def softmax_bytes(n_rows, n_cols, bytes_per_elem):
@@ -200,11 +203,11 @@ def softmax_bytes(n_rows, n_cols, bytes_per_elem):
 # %% nbgrader={"grade_id": "softmax_bytes", "grade": true, "points": 2}
 _naive, _fused = softmax_bytes(2, 3, 4)
 assert (_naive, _fused) == (224, 48), f"2 x 3 fp32: expected (224, 48), got {(_naive, _fused)}"
-assert softmax_bytes(1, 1, 2) == (24, 4), softmax_bytes(1, 1, 2)
 _naive, _fused = softmax_bytes(4096, 4096, 2)
 print(f"softmax_bytes: visible tests passed; a 4096 x 4096 fp16 softmax moves {_naive / 2**20:.1f} MiB "
       f"in five ops, {_fused / 2**20:.1f} MiB fused ({_naive / _fused:.2f}x)")
 ### BEGIN HIDDEN TESTS
+assert softmax_bytes(1, 1, 2) == (24, 4), softmax_bytes(1, 1, 2)
 for _m, _n, _b in [(1, 1, 1), (7, 13, 4), (1000, 1, 2), (3, 4096, 2), (123, 457, 8)]:
     _got = softmax_bytes(_m, _n, _b)
     assert tuple(_got) == ((8 * _m * _n + 4 * _m) * _b, 2 * _m * _n * _b), (_m, _n, _b, _got)
@@ -212,8 +215,9 @@ assert softmax_bytes(0, 5, 4) == (0, 0)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The ratio tends to 4 as rows get longer: the five-op softmax is about four times slower than
-# it needs to be on any bandwidth-bound device. PyTorch's own `torch.softmax` is a single fused
+# As rows get longer the ratio of your two counts tends to a constant: the per-row vectors
+# (maxima, sums) stop mattering next to the matrix passes. That constant, about 4, is how much
+# slower than necessary the five-op softmax is on any bandwidth-bound device. PyTorch's own `torch.softmax` is a single fused
 # kernel; the CPU shows the gap too:
 
 # %%

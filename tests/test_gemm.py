@@ -81,6 +81,37 @@ def test_validation_of_types_and_blocks():
         gemm.matmul(a, b, group_m=0)
 
 
+def test_check_config_accepts_the_tunable_keys_only():
+    assert gemm.check_config({"block_m": 64, "num_warps": 8, "num_stages": 2}) == {
+        "block_m": 64, "num_warps": 8, "num_stages": 2}
+    for bad, message in [({"warmup": True}, "unknown configuration key 'warmup'"), ({"num_warps": 3}, "num_warps"),
+                         ({"num_stages": 0}, "num_stages"), ({"block_m": True}, "block_m"),
+                         ({"block_k": 32.0}, "block_k"), ({"block_n": 512}, "block_n"), ([("block_m", 64)], "dict")]:
+        with pytest.raises(ValueError, match=message):
+            gemm.check_config(bad)
+
+
+@pytest.mark.interpret
+def test_launch_options_reach_the_kernel():
+    a, b = _operands(70, 50, 40, torch.float32)
+    gemm.check_matmul(gemm.matmul(a, b, block_m=32, block_n=32, block_k=16, num_warps=2, num_stages=2), a, b)
+    with pytest.raises(ValueError, match="num_stages"):
+        gemm.matmul(a, b, num_stages=9)
+
+
+def test_the_compiler_reports_registers_and_shared_memory_per_program():
+    four = gemm.resources(90, torch.float16, block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=3)
+    eight = gemm.resources(90, torch.float16, block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3)
+    shallow = gemm.resources(90, torch.float16, block_m=128, block_n=128, block_k=32, num_warps=4, num_stages=2)
+    assert (four["threads"], eight["threads"]) == (128, 256)
+    # The 128 x 128 fp32 accumulator alone is 128 registers per thread at 4 warps, 64 at 8.
+    assert four["registers"] >= 128 and eight["registers"] < 0.7 * four["registers"]
+    # One buffer of A and B tiles per pipeline stage: 16 KiB of fp16 each, plus a little of Triton's own.
+    for used, stages in ((four, 3), (shallow, 2)):
+        assert stages * 16 << 10 <= used["shared_bytes"] <= (stages * 16 + 2) << 10
+    assert four["local_bytes"] == 0
+
+
 @pytest.mark.skipif(not device.interpreting(), reason="bf16 is only refused under the interpreter")
 def test_bf16_refused_under_interpreter():
     a = torch.zeros(4, 4, dtype=torch.bfloat16)

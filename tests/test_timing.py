@@ -121,3 +121,23 @@ def test_table_and_plot():
     assert ax.get_title() == "demo"
     assert len(ax.patches) == 3
     assert "ms" in ax.get_ylabel()
+
+
+def test_plot_samples_draws_every_iteration_the_mean_and_the_truth():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    samples = {"naive": [1e-6] * 4, "no warm-up": [0.42, 0.02, 0.02, 0.02]}
+    ax = timing.plot_samples(samples, truth_s=0.02, title="pitfalls")
+    from matplotlib.collections import LineCollection, PathCollection
+
+    # Per column: a dot per iteration, the first one ringed again, and a bar at the mean (in ms).
+    points = [len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection)]
+    assert points == [4, 1, 4, 1]
+    means = [c.get_segments()[0][0][1] for c in ax.collections if isinstance(c, LineCollection)]
+    assert means == pytest.approx([1e-3, 120.0])
+    assert ax.get_yscale() == "log" and ax.get_title() == "pitfalls"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["naive", "no warm-up"]
+    assert any("0.02" in t.get_text() or "20 ms" in t.get_text() for t in ax.get_legend().get_texts())
+    with pytest.raises(ValueError, match="positive"):
+        timing.plot_samples({"bad": [0.0, 1.0]})

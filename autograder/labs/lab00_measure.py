@@ -1,4 +1,5 @@
-"""Graded items of lab 00 measure: the roofline calculators and a timing loop that tells the truth."""
+"""Graded items of lab 00 measure: the roofline calculators with the question they answer (from which
+batch a layer is compute-bound), and a timing loop that tells the truth."""
 
 from __future__ import annotations
 
@@ -8,6 +9,34 @@ import random
 from autograder.engine.items import Item, LabSpec, Verdict
 
 CALCULATORS = ("matmul_flops", "matmul_bytes", "arithmetic_intensity", "attainable_tflops", "mfu")
+# The five one-line calculators are half the item; the reasoning question built on them, the other.
+CALCULATOR_SHARE = 0.5
+
+
+def _batch_case(rng: random.Random, want_none: bool) -> dict:
+    """A layer and a machine whose answer is None (no batch reaches the ridge) or a batch of at
+    most ten million, drawn away from the integer threshold (and the ridge away from the limit) so
+    that any honest float computation rounds the same way."""
+    from fastdl_lab.measure import compute_bound_batch_ref
+
+    while True:
+        narrow = want_none and rng.random() < 0.5  # a narrow layer, or a machine with a high ridge
+        case = {"d_in": rng.randint(16, 1024 if narrow else 16384), "d_out": rng.randint(16, 1024 if narrow else 16384),
+                "bytes_per_elem": rng.choice([1, 2, 4]), "peak_tflops": rng.uniform(5, 2000),
+                "peak_bw_gbs": rng.uniform(300, 5000)}
+        answer = compute_bound_batch_ref(**case)
+        if (answer is None) != want_none:
+            continue
+        ridge = case["peak_tflops"] * 1e3 / case["peak_bw_gbs"]
+        e, di, do = case["bytes_per_elem"], case["d_in"], case["d_out"]
+        limit = 2 * di * do / ((di + do) * e)
+        if abs(limit / ridge - 1) <= 1e-6:
+            continue
+        if want_none:
+            return case
+        threshold = ridge * e * di * do / (2 * di * do - ridge * e * (di + do))
+        if threshold <= 1e7 and abs(threshold - round(threshold)) > 1e-6:
+            return case
 
 
 def roofline_inputs(seed: int, params: dict) -> dict:
@@ -21,21 +50,44 @@ def roofline_inputs(seed: int, params: dict) -> dict:
             "intensity": 10 ** rng.uniform(-2, 4), "peak_tflops": rng.uniform(5, 1000),
             "peak_bw_gbs": rng.uniform(50, 5000), "achieved_tflops": rng.uniform(0.1, 900),
         })
-    return {"cases": cases}
+    n_batch = int(params.get("batch_cases", 8))
+    # A quarter of the layers never become compute-bound: an answer that is always a number fails them.
+    batch = [_batch_case(rng, want_none=i < n_batch // 4) for i in range(n_batch)]
+    rng.shuffle(batch)
+    return {"cases": cases, "batch_cases": batch}
 
 
-def _call_all(ns: dict, c: dict) -> list[float]:
+def _attempt(ns: dict, name: str, *args):
+    """The student's answer as a float (None stays None), or a short text saying why there is
+    none, for the verdict: one broken function costs its own share, not the whole item."""
+    if name not in ns:
+        return "nothing (not defined)"
+    try:
+        value = ns[name](*args)
+    except Exception as exc:  # noqa: BLE001 - whatever the student's function raises is its answer
+        return f"an error ({type(exc).__name__}: {str(exc)[:100]})"
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return f"a {type(value).__name__}"
+
+
+def _call_all(ns: dict, c: dict) -> list:
     return [
-        float(ns["matmul_flops"](c["m"], c["n"], c["k"])),
-        float(ns["matmul_bytes"](c["m"], c["n"], c["k"], c["bytes_per_elem"])),
-        float(ns["arithmetic_intensity"](c["flops"], c["bytes_moved"])),
-        float(ns["attainable_tflops"](c["intensity"], c["peak_tflops"], c["peak_bw_gbs"])),
-        float(ns["mfu"](c["achieved_tflops"], c["peak_tflops"])),
+        _attempt(ns, "matmul_flops", c["m"], c["n"], c["k"]),
+        _attempt(ns, "matmul_bytes", c["m"], c["n"], c["k"], c["bytes_per_elem"]),
+        _attempt(ns, "arithmetic_intensity", c["flops"], c["bytes_moved"]),
+        _attempt(ns, "attainable_tflops", c["intensity"], c["peak_tflops"], c["peak_bw_gbs"]),
+        _attempt(ns, "mfu", c["achieved_tflops"], c["peak_tflops"]),
     ]
 
 
-def roofline_drive(ns: dict, inputs: dict) -> list[list[float]]:
-    return [_call_all(ns, c) for c in inputs["cases"]]
+def roofline_drive(ns: dict, inputs: dict) -> dict:
+    return {"calculators": [_call_all(ns, c) for c in inputs["cases"]],
+            "batches": [_attempt(ns, "compute_bound_batch", c["d_in"], c["d_out"], c["bytes_per_elem"],
+                                 c["peak_tflops"], c["peak_bw_gbs"]) for c in inputs["batch_cases"]]}
 
 
 def _expected(c: dict) -> list[float]:
@@ -50,17 +102,43 @@ def _expected(c: dict) -> list[float]:
     ]
 
 
-def roofline_check(inputs: dict, outputs, params: dict) -> Verdict:
+def _shown(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _calculators_wrong(inputs: dict, outputs: list) -> dict[str, str]:
     wrong: dict[str, str] = {}
     for c, got in zip(inputs["cases"], outputs, strict=True):
         for name, g, e in zip(CALCULATORS, got, _expected(c), strict=True):
-            if name not in wrong and not math.isclose(float(g), e, rel_tol=1e-6):
+            if name not in wrong and not (isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6)):
                 args = {k: c[k] for k in ("m", "n", "k", "bytes_per_elem")} if name.startswith("matmul") else None
-                wrong[name] = f"{name} gave {float(g):.6g}, expected {e:.6g}" + (f" for {args}" if args else "")
-    right = len(CALCULATORS) - len(wrong)
-    if not wrong:
-        return Verdict.passed(f"all {len(CALCULATORS)} calculators correct on {len(inputs['cases'])} hidden cases")
-    return Verdict(right / len(CALCULATORS), f"{right}/{len(CALCULATORS)} calculators correct; " + "; ".join(wrong.values()))
+                wrong[name] = f"{name} gave {_shown(g)}, expected {e:.6g}" + (f" for {args}" if args else "")
+    return wrong
+
+
+def _batches_wrong(inputs: dict, answers: list) -> list[str]:
+    from fastdl_lab.measure import compute_bound_batch_ref
+
+    wrong = []
+    for c, got in zip(inputs["batch_cases"], answers, strict=True):
+        expected = compute_bound_batch_ref(**c)
+        if got is None and expected is None or isinstance(got, float) and got == expected:
+            continue
+        args = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items())
+        wrong.append(f"compute_bound_batch({args}) gave {_shown(got)}, expected {expected}")
+    return wrong
+
+
+def roofline_check(inputs: dict, outputs, params: dict) -> Verdict:
+    calculators, batches = outputs["calculators"], outputs["batches"]
+    wrong = _calculators_wrong(inputs, calculators)
+    missed = _batches_wrong(inputs, batches)
+    right, n_batch = len(CALCULATORS) - len(wrong), len(inputs["batch_cases"])
+    fraction = CALCULATOR_SHARE * right / len(CALCULATORS) + (1 - CALCULATOR_SHARE) * (n_batch - len(missed)) / n_batch
+    summary = (f"{right}/{len(CALCULATORS)} calculators correct on {len(inputs['cases'])} hidden cases; "
+               f"compute_bound_batch correct on {n_batch - len(missed)}/{n_batch} hidden layers")
+    problems = list(wrong.values()) + missed[:1]
+    return Verdict(fraction, summary + ("; " + "; ".join(problems) if problems else ""))
 
 
 def timing_inputs(seed: int, params: dict) -> dict:
@@ -98,7 +176,8 @@ LAB = LabSpec(
     preamble="from fastdl_lab import device\n",
     items=[
         Item("roofline", 4, ("roofline_code",), roofline_inputs, roofline_drive, roofline_check,
-             kind="correctness", description="FLOPs, bytes, intensity, attainable FLOP/s and MFU"),
+             kind="correctness",
+             description="FLOPs, bytes, intensity, attainable FLOP/s and MFU; the batch from which a layer is compute-bound"),
         Item("timing", 3, ("timing_code",), timing_inputs, timing_drive, timing_check,
              kind="mechanism", description="per-iteration time of an asynchronous op, warmed up and synced"),
     ],

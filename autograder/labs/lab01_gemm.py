@@ -1,4 +1,5 @@
-"""Graded items of lab 01 gemm: the student's tiled Triton matmul, its launch order, its speed."""
+"""Graded items of lab 01 gemm: the warm-up row-sum kernel, the student's tiled Triton matmul, its
+launch order, and its speed with the launch configuration the student tuned."""
 
 from __future__ import annotations
 
@@ -12,8 +13,72 @@ from fastdl_lab import checks
 
 # Bound when the child imports this module, before any student cell runs, so a solution cell
 # that rebinds gemm.matmul cannot swap the launcher the grader calls.
-from fastdl_lab.gemm import check_matmul
+from fastdl_lab.gemm import check_config, check_matmul
 from fastdl_lab.gemm import matmul as _launch
+from fastdl_lab.rowsum import check_row_sum
+from fastdl_lab.rowsum import row_sum as _row_sum
+
+
+# --- warm-up: row sums ---------------------------------------------------------------------
+
+def row_sum_inputs(seed: int, params: dict) -> dict:
+    """Per case a base tensor and how the graded matrix is viewed in it: the whole base, a window
+    with NaN all around (padded rows: a missing column or row mask reads NaN), or its transpose."""
+    bases, views, blocks = [], [], []
+    for i, case in enumerate(params["cases"]):
+        m, n = case["shape"]
+        layout = case.get("layout", "rows")
+        dtype = getattr(torch, case.get("dtype", "float32"))
+        values = checks.randn(m, n, dtype=dtype, seed=(seed + i) % (1 << 31))
+        if layout == "rows":
+            base, view = values, [layout, m, n, 0, 0]
+        elif layout == "padded":
+            r0, c0 = case.get("offset", [1, 5])
+            base = torch.full((m + r0 + 2, n + c0 + 11), float("nan"), dtype=dtype)
+            base[r0:r0 + m, c0:c0 + n] = values
+            view = [layout, m, n, r0, c0]
+        elif layout == "transposed":
+            base, view = values.t().contiguous(), [layout, m, n, 0, 0]
+        else:
+            raise ValueError(f"row_sum case {i}: unknown layout {layout!r}")
+        bases.append(base)
+        views.append(view)
+        blocks.append(list(case.get("blocks", [])))
+    return {"bases": bases, "views": views, "blocks": blocks}
+
+
+def _row_sum_matrix(base: torch.Tensor, view: list) -> torch.Tensor:
+    layout, m, n, r0, c0 = view
+    if layout == "padded":
+        return base[r0:r0 + m, c0:c0 + n]
+    return base.t() if layout == "transposed" else base
+
+
+def row_sum_drive(ns: dict, inputs: dict) -> list:
+    kernel = triton_kernel(ns, "row_sum_kernel")
+    sums = []
+    for base, view, blocks in zip(inputs["bases"], inputs["views"], inputs["blocks"], strict=True):
+        sizes = dict(zip(("block_m", "block_n"), blocks))
+        sums.append(_row_sum(_row_sum_matrix(on_device(base), view), kernel=kernel, **sizes).cpu())
+    return sums
+
+
+def row_sum_check(inputs: dict, outputs, params: dict) -> Verdict:
+    views = inputs["views"]
+    if not isinstance(outputs, list) or len(outputs) != len(views):
+        return Verdict.failed(f"expected {len(views)} results, got {type(outputs).__name__}")
+    labels = [f"{layout} {m}x{n}" + (f" {base.dtype}".replace("torch.", "") if base.dtype != torch.float32 else "")
+              + (f" blocks {bl[0]}x{bl[1]}" if bl else "")
+              for (layout, m, n, _, _), base, bl in zip(views, inputs["bases"], inputs["blocks"], strict=True)]
+
+    def check_one(i: int) -> None:
+        require_tensor(outputs[i], f"y for {labels[i]}")
+        check_row_sum(outputs[i], _row_sum_matrix(inputs["bases"][i], views[i]), name=f"y for {labels[i]}")
+
+    return per_case(labels, check_one)
+
+
+# --- the tiled matmul ------------------------------------------------------------------------
 
 
 def _operands(seed: int, shapes, dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -88,10 +153,18 @@ def speed_inputs(seed: int, params: dict) -> dict:
     return {"a": [a], "b": [b]}
 
 
+def tuned_config(ns: dict) -> dict[str, int]:
+    """The student's MATMUL_CONFIG (a literal the extraction kept), checked by the trusted launcher's rules."""
+    if "MATMUL_CONFIG" not in ns:
+        raise NameError("the tuning cell defines no MATMUL_CONFIG (a dict literal of launch options)")
+    return check_config(ns["MATMUL_CONFIG"])
+
+
 def speed_timed(ns: dict, inputs: dict):
     kernel = triton_kernel(ns, "matmul_kernel")
+    config = tuned_config(ns)
     a, b = on_device(inputs["a"][0]), on_device(inputs["b"][0])
-    return lambda: [_launch(a, b, kernel=kernel)]
+    return lambda: [_launch(a, b, kernel=kernel, **config)]
 
 
 def speed_baseline(_ns: dict, inputs: dict):
@@ -107,14 +180,16 @@ LAB = LabSpec(
     name="01_gemm",
     preamble="from fastdl_lab import device\nfrom fastdl_lab import gemm\n",
     items=[
+        Item("row_sum", 2, ("row_sum_kernel_code",), row_sum_inputs, row_sum_drive, row_sum_check,
+             kernels=("row_sum_kernel",), description="warm-up Triton kernel: masked, strided row sums, hidden ragged shapes"),
         Item("matmul_fp32", 4, ("matmul_kernel_code",), _matmul_inputs(torch.float32), matmul_drive, _matmul_check,
              kernels=("matmul_kernel",), description="Triton matmul, fp32, hidden ragged shapes"),
         Item("matmul_fp16", 2, ("matmul_kernel_code",), _matmul_inputs(torch.float16), matmul_drive, _matmul_check,
              kernels=("matmul_kernel",), description="Triton matmul, fp16 (low-precision rule)"),
         Item("grouped_order", 2, ("grouped_order_code",), grouped_inputs, grouped_drive, grouped_check,
              kind="mechanism", description="grouped program ordering"),
-        Item("matmul_speed", 2, ("matmul_kernel_code",), speed_inputs, kind="speed", check=speed_check,
-             timed=speed_timed, baseline=speed_baseline, kernels=("matmul_kernel",),
-             description="speed vs torch.matmul (GPU profiles)"),
+        Item("matmul_speed", 2, ("matmul_kernel_code", "matmul_tuning_code"), speed_inputs, kind="speed",
+             check=speed_check, timed=speed_timed, baseline=speed_baseline, kernels=("matmul_kernel",),
+             description="speed vs torch.matmul with the tuned MATMUL_CONFIG (GPU profiles)"),
     ],
 )

@@ -1,0 +1,27 @@
+# expect: roofline=partial
+# Reading the answers: honest calculators, but the reasoning question handed to the package's reference, which the student copy of the package does not hold.
+# %% grade_id=roofline_code
+def matmul_flops(m, n, k):
+    return 2 * m * n * k
+
+
+def matmul_bytes(m, n, k, bytes_per_elem):
+    return (m * k + k * n + m * n) * bytes_per_elem
+
+
+def arithmetic_intensity(flops, bytes_moved):
+    return flops / bytes_moved
+
+
+def attainable_tflops(intensity, peak_tflops, peak_bw_gbs):
+    return min(peak_tflops, intensity * peak_bw_gbs / 1e3)
+
+
+def mfu(achieved_tflops, peak_tflops):
+    return achieved_tflops / peak_tflops
+
+
+def compute_bound_batch(d_in, d_out, bytes_per_elem, peak_tflops, peak_bw_gbs):
+    from fastdl_lab import measure
+
+    return measure.compute_bound_batch_ref(d_in, d_out, bytes_per_elem, peak_tflops, peak_bw_gbs)
