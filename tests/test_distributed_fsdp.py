@@ -1,10 +1,10 @@
 """Lab 07 distributed: FSDP (ZeRO-3) units and the census that measures them from the rank's side."""
 
 import functools
+import gc
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  (imported once here, not by every forked rank's first optimizer step)
 import torch.distributed as dist
 
 from fastdl_lab import checks
@@ -122,11 +122,15 @@ def test_unsharded_parameters_fail_parity_by_shape(reference):
 def _census_trial(rank, world_size):
     ahead = torch.zeros(4096)  # set aside before the snapshot, filled after it
     untouched = torch.ones(1024)
-    before = census.snapshot()
-    ahead += 1
-    fresh = torch.zeros(256)
-    counted = census.resident_bytes(before)
-    excluded = census.resident_bytes(before, exclude=[fresh])
+    swapped = torch.ones(8)  # an old tensor given a new storage of 512 floats
+    with census.snapshot() as before:
+        ahead += 1
+        swapped.set_(torch.zeros(512).untyped_storage())
+        fresh = torch.zeros(256)
+        frozen = gc.get_freeze_count() > 0
+        counted = census.resident_bytes(before)
+        excluded = census.resident_bytes(before, exclude=[fresh])
+    thawed = gc.get_freeze_count() == 0
     with census.sharded_collectives() as wire:
         out = torch.empty(2 * world_size)
         dist.all_gather_single(out, torch.ones(2))
@@ -137,13 +141,16 @@ def _census_trial(rank, world_size):
         except census.CollectiveRefused as exc:
             refused = str(exc)
     del untouched
-    return {"counted": counted, "excluded": excluded, "wire": wire.summary(), "refused": refused}
+    return {"counted": counted, "excluded": excluded, "wire": wire.summary(), "refused": refused,
+            "frozen": frozen, "thawed": thawed}
 
 
 def test_census_counts_new_and_changed_storages_and_refuses_other_collectives():
     result = run_world(_census_trial, 2)[0]
     assert result["counted"] - result["excluded"] == 256 * 4
-    assert 4096 * 4 + 256 * 4 <= result["counted"] < 4096 * 4 + 256 * 4 + 1024  # not the untouched buffer
+    # The filled buffer, the swapped storage and the new one; not the untouched buffer.
+    assert result["counted"] == (4096 + 512 + 256) * 4
+    assert result["frozen"] and result["thawed"]
     assert result["wire"]["all_gathers"] == 1 and result["wire"]["gathered_bytes"] == 2 * 2 * 4
     assert result["wire"]["reduce_scatters"] == 1 and result["wire"]["reduced_bytes"] == 2 * 2 * 4
     assert "allreduce" in result["refused"]

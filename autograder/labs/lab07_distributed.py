@@ -239,15 +239,17 @@ from fastdl_lab.distributed import fsdp, tensor_parallel  # noqa: E402
 
 # The census's functions, and the names through which the trusted loops reach them.
 SHARDING_INSTRUMENTS = INSTRUMENTS + tuple(f"fastdl_lab.distributed.{name}" for name in (
-    "fsdp.train_fsdp", "fsdp.unit_mlp", "fsdp.census", "tensor_parallel.tp_trial", "tensor_parallel.census",
-    "census.snapshot", "census.live_storages", "census.resident_bytes", "census.storage_bytes", "census._storage",
+    "fsdp.train_fsdp", "fsdp._sgd_step", "fsdp.functional_sgd", "fsdp.unit_mlp", "fsdp.census", "tensor_parallel.tp_trial", "tensor_parallel.census",
+    "census.snapshot", "census.Snapshot", "census.Snapshot.__init__", "census.Snapshot.storages_now",
+    "census.Snapshot.changed", "census.Snapshot.__exit__", "census._storages_of", "census.resident_bytes",
+    "census.storage_bytes", "census._storage",
     "census._nbytes", "census._tensor_bytes", "census._subclasses", "census._digest", "census.sharded_collectives",
     "census.allreduce_only", "census._process_group_mode", "census.WireLog", "census.WireLog.before_gather",
     "census.WireLog.gathered_storages", "census.WireLog.summary", "census.gc", "census.hashlib", "census.torch",
     "census.c10d", "census.StorageWeakRef")) + (
-    "gc.get_objects", "gc.collect", "torch.Tensor.untyped_storage", "torch.Tensor.numel",
+    "gc.get_objects", "gc.collect", "gc.freeze", "gc.unfreeze", "torch.Tensor.untyped_storage", "torch.Tensor.numel",
     "torch.Tensor.element_size", "torch.UntypedStorage.nbytes", "torch.TypedStorage.untyped",
-    "torch.multiprocessing.reductions.StorageWeakRef.expired", "torch.optim.SGD.step")
+    "torch.multiprocessing.reductions.StorageWeakRef.expired", "torch.optim.sgd.sgd")
 
 
 def _fsdp_cases(seed: int, params: dict) -> dict:
@@ -281,15 +283,8 @@ def _fsdp_label(case: dict) -> str:
     return f"{case['world']} ranks, widths {case['dims']}"
 
 
-def import_before_fork() -> None:
-    """An optimizer's first step imports torch._dynamo (seconds); done here, before the ranks
-    are forked, they inherit it instead of each importing it again."""
-    import torch._dynamo  # noqa: F401
-
-
 def fsdp_drive(ns: dict, inputs: dict) -> list:
     cls = ns["FSDPUnit"]
-    import_before_fork()
     return [run_world(fsdp.train_fsdp, c["world"], _fsdp_model_fn(c), _fsdp_data(c), c["steps"], c["lr"],
                       unit_cls=cls, compute_dtype=_compute_dtype(inputs), timeout_s=inputs["timeout_s"])
             for c in inputs["cases"]]

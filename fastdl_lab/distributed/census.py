@@ -7,7 +7,8 @@ A student's sharding class reports nothing the grade rests on. Inside the rank, 
 * ``snapshot`` / ``resident_bytes``: every tensor storage alive in the process, found through the
   garbage collector, before and after training. A storage that is new, or that existed before but
   changed size or content, counts: so a notebook's earlier tensors do not, while a buffer set
-  aside in advance and filled during training does;
+  aside in advance and filled during training does. Between the two the collector's objects are
+  frozen, so that collecting garbage before the second walk is quick;
 * ``sharded_collectives``: while it lasts, all-gathers and reduce-scatters are counted at the
   process group (under every ``torch.distributed`` function that reaches them), the storage each
   all-gather fills is followed with a weak reference, so that the bytes still allocated in earlier
@@ -81,16 +82,13 @@ def _subclasses(root: type) -> set[type]:
     return found
 
 
-def live_storages(collect: bool = True) -> dict[int, torch.UntypedStorage]:
-    """Every storage with bytes that a tensor (or storage object) the collector tracks refers to;
-    ``collect`` first frees what only reference cycles kept alive."""
-    if collect:
-        gc.collect()
+def _storages_of(objects) -> dict[int, torch.UntypedStorage]:
+    """The storages with bytes under the tensors and storage objects among ``objects``."""
     # Matched on the exact type, from every subclass defined so far: a few hundred thousand
     # objects are checked in a set lookup each, and isinstance could run a __class__ property.
     kinds = _subclasses(torch.Tensor) | _subclasses(torch.UntypedStorage) | _subclasses(torch.TypedStorage)
     found = {}
-    for obj in [o for o in gc.get_objects() if type(o) in kinds]:
+    for obj in [o for o in objects if type(o) in kinds]:
         storage = _storage(obj)
         if storage is not None and _nbytes(storage) > 0:
             found[storage._cdata] = storage
@@ -102,13 +100,44 @@ def _digest(storage: torch.UntypedStorage) -> bytes:
     return hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).digest()
 
 
-def snapshot() -> dict[int, tuple[int, bytes]]:
-    """Size and content digest of every live storage: what ``resident_bytes`` will not count.
+class Snapshot:
+    """What lived in the process before training: the size and digest of every storage, and a
+    weak reference to it. Then the collector's objects are frozen, so that collecting garbage
+    after training walks only the objects created since, not the few hundred thousand a
+    notebook holds. A context manager: leaving it thaws them."""
 
-    Garbage is not collected first: a storage only a cycle keeps is left out of the count
-    either way (unchanged, or collected before the count).
-    """
-    return {key: (_nbytes(s), _digest(s)) for key, s in live_storages(collect=False).items()}
+    def __init__(self):
+        self.storages = {key: (StorageWeakRef(s), _nbytes(s), _digest(s))
+                         for key, s in _storages_of(gc.get_objects()).items()}
+        gc.freeze()
+
+    def storages_now(self) -> dict[int, torch.UntypedStorage]:
+        """Every storage with bytes alive now that a tracked object refers to, or that existed at
+        the snapshot. Garbage is collected while the old objects are frozen, then they are
+        thawed and every object is walked: whatever anyone froze since is seen too."""
+        gc.collect()
+        gc.unfreeze()
+        found = _storages_of(gc.get_objects())
+        for key, (ref, _, _) in self.storages.items():
+            if not ref.expired():
+                found.setdefault(key, torch.UntypedStorage._new_with_weak_ptr(ref.cdata))
+        return found
+
+    def changed(self, key: int, storage: torch.UntypedStorage) -> bool:
+        """Whether ``storage`` is new, or has another size or content than at the snapshot."""
+        old = self.storages.get(key)
+        return old is None or old[1] != _nbytes(storage) or old[2] != _digest(storage)
+
+    def __enter__(self) -> "Snapshot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.unfreeze()
+
+
+def snapshot() -> Snapshot:
+    """Take the ``Snapshot`` that ``resident_bytes`` will compare with: ``with snapshot() as before:``."""
+    return Snapshot()
 
 
 def storage_bytes(tensors) -> int:
@@ -121,11 +150,11 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-def resident_bytes(before: dict[int, tuple[int, bytes]], exclude=(), also=()) -> int:
-    """Bytes of the storages alive now that are not in ``before`` unchanged, leaving out those
-    under the tensors in ``exclude``; ``also`` adds storages the collector cannot see (held by
-    autograd's C++ side, say)."""
-    storages = live_storages()
+def resident_bytes(before: Snapshot, exclude=(), also=()) -> int:
+    """Bytes of the storages alive now that are new or changed since ``before``, leaving out
+    those under the tensors in ``exclude``; ``also`` adds storages the collector cannot see (held
+    by autograd's C++ side, say)."""
+    storages = before.storages_now()
     for storage in also:
         if _nbytes(storage) > 0:
             storages[storage._cdata] = storage
@@ -133,12 +162,7 @@ def resident_bytes(before: dict[int, tuple[int, bytes]], exclude=(), also=()) ->
         storage = _storage(t)
         if storage is not None:
             storages.pop(storage._cdata, None)
-    total = 0
-    for key, storage in storages.items():
-        old = before.get(key)
-        if old is None or old[0] != _nbytes(storage) or old[1] != _digest(storage):
-            total += _nbytes(storage)
-    return total
+    return sum(_nbytes(s) for key, s in storages.items() if before.changed(key, s))
 
 
 # --- collectives, counted at the process group --------------------------------------------------

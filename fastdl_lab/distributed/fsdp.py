@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.sgd import sgd as functional_sgd
 
 from fastdl_lab import checks
 from fastdl_lab.distributed import census
@@ -247,6 +248,19 @@ def train_reference(model_fn: Callable[[], nn.Module], data, steps: int, lr: flo
 
 # --- the trusted loop ---------------------------------------------------------------------------
 
+@torch.no_grad()
+def _sgd_step(params: list[torch.Tensor], momentum: list, lr: float) -> None:
+    """``torch.optim.SGD(params, lr, momentum=MOMENTUM).step()`` through the function the class
+    calls: same arithmetic, but the class's step imports torch._dynamo on first use, seconds
+    in every forked rank. ``momentum`` holds the buffers, filled on the first step."""
+    live = [i for i, p in enumerate(params) if p.grad is not None]
+    buffers = [momentum[i] for i in live]
+    functional_sgd([params[i] for i in live], [params[i].grad for i in live], buffers, weight_decay=0.0,
+                   momentum=MOMENTUM, lr=lr, dampening=0.0, nesterov=False, maximize=False)
+    for i, buf in zip(live, buffers):
+        momentum[i] = buf
+
+
 def train_fsdp(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential], data, steps: int, lr: float,
                unit_cls=FSDPUnit, compute_dtype: torch.dtype | None = None, prefetch: bool = False) -> dict:
     """Fully sharded SGD (with momentum) on this rank's slice of ``data``.
@@ -258,29 +272,30 @@ def train_fsdp(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential]
     left alive in the process apart from the data and the optimizer's state (``resident_bytes``).
     """
     x, y = _shard(data, rank, world_size)
-    before = census.snapshot()
-    with census.sharded_collectives() as wire:
-        units = [unit_cls(block.to(rank_device()), compute_dtype=compute_dtype) for block in model_fn()]
-        if prefetch:
-            link_prefetch(units)
-        model = nn.Sequential(*units)
-        params = list(model.parameters())
-        opt = torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
-        out_dtype = None
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            out = model(x)
-            out_dtype = str(out.dtype)
-            F.mse_loss(out.float(), y).backward()
-            del out
-            opt.step()
-    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    memory = {
-        "param_bytes": census.storage_bytes(params),
-        "grad_bytes": census.storage_bytes([p.grad for p in params if p.grad is not None]),
-        "state_bytes": census.storage_bytes(state),
-        "resident_bytes": census.resident_bytes(before, exclude=state, also=wire.gathered_storages()),
-    }
+    with census.snapshot() as before:
+        with census.sharded_collectives() as wire:
+            units = [unit_cls(block.to(rank_device()), compute_dtype=compute_dtype) for block in model_fn()]
+            if prefetch:
+                link_prefetch(units)
+            model = nn.Sequential(*units)
+            params = list(model.parameters())
+            momentum: list[torch.Tensor | None] = [None] * len(params)
+            out_dtype = None
+            for _ in range(steps):
+                for p in params:
+                    p.grad = None
+                out = model(x)
+                out_dtype = str(out.dtype)
+                F.mse_loss(out.float(), y).backward()
+                del out
+                _sgd_step(params, momentum, lr)
+        state = [buf for buf in momentum if buf is not None]
+        memory = {
+            "param_bytes": census.storage_bytes(params),
+            "grad_bytes": census.storage_bytes([p.grad for p in params if p.grad is not None]),
+            "state_bytes": census.storage_bytes(state),
+            "resident_bytes": census.resident_bytes(before, exclude=state, also=wire.gathered_storages()),
+        }
     return {"shards": [p.detach().clone() for p in params], "memory": memory, "wire": wire.summary(),
             "output_dtype": out_dtype}
 
