@@ -1131,7 +1131,8 @@ wide = functools.partial(fsdp.unit_mlp, 0, [64] * 7)
 wide_data = ddp.make_regression(0, 24, 64, 64)
 full_bytes = 4 * sum(p.numel() for p in wide().parameters())
 print(f"the whole model: {full_bytes} B of fp32 weights")
-for world_size, prefetch in ((1, False), (2, False), (3, False), (3, True)):
+worlds = ((1, False), (2, False), (2, True)) if QUICK else ((1, False), (2, False), (3, False), (4, False), (4, True))
+for world_size, prefetch in worlds:
     r = run_world(fsdp.train_fsdp, world_size, wide, wide_data, 1, 0.05, unit_cls=FSDPUnit, prefetch=prefetch)[0]
     print(f"{world_size} rank(s){' + prefetch' if prefetch else '':>11}: weights {r['memory']['param_bytes']:6d} B, "
           f"everything kept {r['memory']['resident_bytes']:6d} B, gathered per step {r['wire']['gathered_bytes']:6d} B, "
