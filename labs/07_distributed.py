@@ -1028,9 +1028,9 @@ class FSDPUnit(nn.Module):
 
     def gather(self, async_op=False):
         ### BEGIN SOLUTION
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None:  # started by the previous unit's forward
+            pending.wait()
             return
         fsdp.allocate_storage(self.full)
         work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
@@ -1247,8 +1247,8 @@ for _world, _d_hidden in ((2, 24), (3, 17)):
     assert not tensor_parallel.allreduce_problems(_results), tensor_parallel.allreduce_problems(_results)[0]
 print("tp_mlp: visible tests passed")
 ### BEGIN HIDDEN TESTS
-_hidden_results = run_world(tensor_parallel.tp_trial, 4, 21, 7, 11, 30, column_cls=ColumnParallelLinear,
-                            row_cls=RowParallelLinear)
+_hidden_layers = {"column_cls": ColumnParallelLinear, "row_cls": RowParallelLinear}
+_hidden_results = run_world(tensor_parallel.tp_trial, 4, 21, 7, 11, 30, **_hidden_layers)
 tensor_parallel.check_tp(_hidden_results, 21, 7, 11, 30)
 assert not tensor_parallel.allreduce_problems(_hidden_results)
 ### END HIDDEN TESTS

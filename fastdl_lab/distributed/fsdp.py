@@ -142,9 +142,9 @@ class FSDPUnit(nn.Module):
     def gather(self, async_op: bool = False) -> None:
         """All-gather the shards into ``full`` (its storage re-allocated first)."""
         ### BEGIN SOLUTION
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None:  # started by the previous unit's forward
+            pending.wait()
             return
         allocate_storage(self.full)
         work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)

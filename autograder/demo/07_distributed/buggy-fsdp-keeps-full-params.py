@@ -57,9 +57,9 @@ class FSDPUnit(nn.Module):
             offset += shape.numel()
 
     def gather(self, async_op=False):
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None:  # started by the previous unit's forward
+            pending.wait()
             return
         fsdp.allocate_storage(self.full)
         work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
