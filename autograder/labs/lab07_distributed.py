@@ -313,8 +313,9 @@ def fsdp_check(inputs: dict, outputs, params: dict) -> Verdict:
     held = outputs[0][0]["memory"]["param_bytes"]
     full = 4 * sum(p.numel() for p in references[0].parameters())
     if not memory and not wire:
-        return Verdict.passed(f"parity on {len(cases)} hidden worlds; each rank keeps its 1/N shard ({held} B of "
-                              f"{full} B in the first), two all-gathers and one reduce-scatter per unit and step")
+        worlds = f"{len(cases)} hidden world{'s' * (len(cases) != 1)}"
+        return Verdict.passed(f"parity on {worlds}; each rank keeps its 1/N shard ({held} B of {full} B in the "
+                              "first), two all-gathers and one reduce-scatter per unit and step")
     lost = " ".join(problems[0] for problems in (memory, wire) if problems)
     return Verdict(1 - (bool(memory) + bool(wire)) / 3, f"weights correct, but {lost}")
 
@@ -353,8 +354,8 @@ def tp_check(inputs: dict, outputs, params: dict) -> Verdict:
                 for p in tensor_parallel.allreduce_problems(results)]
     if problems:
         return Verdict(0.5, f"output and gradients correct, but {problems[0]}")
-    return Verdict.passed(f"output and gradients equal the unsplit MLP on {len(cases)} hidden worlds, with one "
-                          "all-reduce in forward and one in backward")
+    return Verdict.passed(f"output and gradients equal the unsplit MLP on {len(cases)} hidden "
+                          f"world{'s' * (len(cases) != 1)}, with one all-reduce in forward and one in backward")
 
 
 def _sharding_item(name, points, cell, make_inputs, drive, check, description):
