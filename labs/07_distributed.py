@@ -31,7 +31,11 @@
 #    *(graded: `parameter_server`, 1 point)*;
 # 6. shard any optimizer's state across ranks with **ZeRO-1**, bit for bit equal to the unsharded
 #    optimizer *(graded: `zero1`, 2 points)*;
-# 7. survey tensor, pipeline and sequence parallelism, with a tensor-parallel MLP.
+# 7. compare what the gloo, MPI and NCCL backends offer, and see what a larger global batch buys;
+# 8. shard the weights themselves with **FSDP** (ZeRO-3), in fp32 and in bf16 with fp32 masters
+#    *(graded: `fsdp`, 3 points; `fsdp_mixed`, 2 points)*;
+# 9. split an MLP's matrices over the ranks: **tensor parallelism** *(graded: `tp_mlp`, 3 points)*;
+# 10. survey pipeline and sequence parallelism.
 #
 # Everything runs on the CPU with the gloo backend: each *rank* is a separate process, and
 # collectives travel over local TCP sockets. The same functions run on NCCL with a GPU per rank,
@@ -917,32 +921,457 @@ for world_size in (1, 2, 3, 4):
     print(f"{world_size} rank(s): " + ", ".join(f"{r['state_bytes']:6d}" for r in held) + " B of AdamW state per rank")
 
 # %% [markdown]
-# ## 7. Beyond data parallel: tensor, pipeline and sequence parallelism
+# ## 7. Backends, and what a larger batch buys
 #
-# Data parallelism (with ZeRO) scales the batch; it cannot make one layer faster or smaller than
-# one device allows. Three other axes split the model itself; large runs combine all of them
-# ("3-D parallelism").
+# Every collective so far went through **gloo**, one of the backends `torch.distributed` can
+# sit on. Which operations a backend offers depends on where the tensors live. From the
+# `torch.distributed` documentation (PyTorch 2.x; ✓ available, ✘ not, ? only when the MPI
+# library PyTorch was built against is CUDA-aware):
 #
-# **Tensor parallelism** splits the matrices of each layer (Shoeybi et al., *Megatron-LM*, 2019).
-# For a transformer MLP $y = \mathrm{gelu}(x W_1)\,W_2$, split $W_1$ by **columns** and $W_2$ by
-# **rows**: rank $r$ computes its own slice of the hidden units, $h_r = \mathrm{gelu}(x W_{1,r})$,
-# with no communication (gelu acts element by element), then its partial output $h_r W_{2,r}$;
-# one all-reduce sums the partials. Backward needs one more all-reduce, for $x$'s gradient. Two
-# all-reduces of the activations per layer is a lot of traffic, so tensor parallelism stays inside
-# a node, on NVLink. `tensor_parallel.tp_trial` runs the split MLP, forward and backward:
+# | operation | gloo, CPU | gloo, GPU | MPI, CPU | MPI, GPU | NCCL, CPU | NCCL, GPU |
+# |---|---|---|---|---|---|---|
+# | send / recv | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
+# | broadcast, all_reduce, reduce | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
+# | all_gather, gather, scatter, all_to_all | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
+# | reduce_scatter | ✓ | ✓ | ✘ | ✘ | ✘ | ✓ |
+# | barrier | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
+#
+# Reading it: NCCL works on GPU tensors only, and is the one to use between GPUs (it alone drives
+# NVLink, InfiniBand and GPUDirect); gloo covers everything on CPU tensors, which is why this lab
+# runs anywhere, and a subset on GPU tensors, more slowly than NCCL; MPI exists only in a PyTorch
+# built from source on a machine with MPI installed, and has no reduce-scatter, the collective
+# ZeRO and FSDP lean on. gloo and NCCL come with the usual Linux builds (NCCL with the CUDA ones).
+#
+# **Batch size.** Data parallelism on $N$ ranks, each with $b$ examples, *is* SGD with a batch of
+# $Nb$ (section 2 proved it step for step). Adding ranks therefore raises the batch size, and
+# the question becomes what a larger batch buys. Each step now averages more examples, so the
+# gradient is less noisy and a larger learning rate is safe: the *linear scaling rule* (Goyal et
+# al., 2017) multiplies the learning rate by the factor the batch grew by. While that holds, a
+# batch $k$ times larger reaches the same loss in $k$ times fewer steps, and the same number of
+# *examples*: perfect scaling. It stops holding once the learning rate hits the largest one that
+# is stable (here about 1; at 2 this model diverges): beyond that, larger batches still take
+# fewer steps but waste examples. The batch where this happens is the *critical batch size*
+# (McCandlish et al., 2018); past it, more ranks buy little. One process simulates it below:
+
+# %%
+# One problem, split into examples to train on and held-out ones to measure with.
+x_all, y_all = ddp.make_regression(11, 8192 + 1024, 12, 3)
+(x_train, x_test), (y_train, y_test) = x_all.split([8192, 1024]), y_all.split([8192, 1024])
+
+
+def minibatch_sgd(batch, lr, examples, points=12):
+    """SGD with `batch` random examples per step until `examples` were seen; test loss along the way."""
+    model = ddp.small_mlp(1, 12, 32, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    draw = torch.Generator().manual_seed(batch)
+    steps = examples // batch
+    curve = []
+    for step in range(1, steps + 1):
+        rows = torch.randint(0, x_train.shape[0], (batch,), generator=draw)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x_train[rows]), y_train[rows]).backward()
+        opt.step()
+        if step % max(1, steps // points) == 0 or step == steps:
+            with torch.no_grad():
+                curve.append((step, step * batch, torch.nn.functional.mse_loss(model(x_test), y_test).item()))
+    return curve
+
+
+batches, examples = ((8, 64, 512), 2048) if QUICK else ((4, 16, 64, 256, 1024), 16384)
+# Operations this small run several times faster on one thread than split over several.
+threads = torch.get_num_threads()
+torch.set_num_threads(1)
+# Linear scaling from 0.02 at a batch of 4, up to the largest stable learning rate.
+rates = {batch: min(0.005 * batch, 1.0) for batch in batches}
+curves = {batch: minibatch_sgd(batch, lr, examples) for batch, lr in rates.items()}
+torch.set_num_threads(threads)
+fig, (by_step, by_example) = plt.subplots(1, 2, figsize=(10, 3.2))
+for batch, lr in rates.items():
+    steps, seen, loss = zip(*curves[batch])
+    by_step.plot(steps, loss, label=f"batch {batch}, lr {lr:g}")
+    by_example.plot(seen, loss, label=f"batch {batch}")
+    print(f"batch {batch:5d}, lr {lr:5.2f}: {steps[-1]:5d} steps, test loss {loss[-1]:.4f}")
+by_step.set_xscale("log")
+by_step.set_xlabel("SGD steps")
+by_example.set_xlabel("examples seen")
+for ax in (by_step, by_example):
+    ax.set_ylabel("test loss")
+    ax.set_yscale("log")
+by_step.legend(fontsize=7)
+plt.show()
+
+# %% [markdown]
+# Read it: with linear scaling, the curves against *examples* coincide up to a batch of 64 — every
+# doubling of ranks halves the steps for the same result. Once the learning rate is capped the
+# large batches fall behind per example: there, more data-parallel ranks shorten each step's
+# wall time less than they lengthen training.
+
+# %% [markdown]
+# ## 8. Sharding the weights too: FSDP (ZeRO-3)
+#
+# ZeRO-1 left every rank with every weight and every gradient. **Fully sharded data parallelism**
+# (ZeRO stage 3; PyTorch's FSDP, Zhao et al., VLDB 2023) shards those too, so that a rank holds
+# $1/N$ of the model in every form. The model is cut into **units** — here the blocks of an
+# `nn.Sequential`, in a transformer one block each. Each unit's parameters are flattened into
+# one vector (as in ZeRO-1), padded to a multiple of $N$, and rank $r$ keeps only the $r$-th of
+# $N$ equal pieces, its **shard**: the only parameter the optimizer ever sees. A unit's full
+# weights exist only while the unit computes:
+#
+# 1. **forward**: all-gather the shards into the unit's full flat vector, point the layers'
+#    weights at views of it, run the unit, and **free** the vector;
+# 2. **backward**: when the gradient reaches the unit's output, **gather again**, let autograd run
+#    the unit's backward, then **reduce-scatter** the gradient of the flat vector — rank $r$
+#    receives the sum over ranks of the gradients for its own shard — divide by $N$, keep it as
+#    the shard's `.grad`, and free the vector again;
+# 3. the optimizer steps on the shards; nothing else is needed, since the next forward gathers
+#    the new weights.
+#
+# Per step and unit that is two all-gathers and one reduce-scatter: 1.5 times the bytes of
+# plain DDP's all-reduce, for a memory per rank of $16/N$ bytes per parameter (with Adam in mixed
+# precision) plus one unit's weights at a time. Real FSDP also **prefetches**: it starts the
+# next unit's all-gather while the current unit computes, so that the network and the arithmetic
+# overlap, at the cost of a second unit in memory.
+#
+# **Freeing for real.** After the forward, autograd still holds the views it saved for the
+# backward (a linear layer saves its weight). Dropping your own reference to the full vector
+# would free nothing: the saved views keep its memory alive until the backward. FSDP frees the
+# *storage* instead, `t.untyped_storage().resize_(0)`: the tensor, its views and autograd's
+# saved copies all stay valid objects that now own zero bytes. Before the backward, the storage
+# is resized back and all-gathered into again, so the saved views see the weights once more.
+# One catch: autograd notices in-place writes through a *version counter* that views share with
+# their base, and refuses to backward through a tensor changed since it was saved. Gather into
+# the unit's own `full` buffer, and hand autograd `full.data` — a tensor on the same storage with
+# a counter of its own — so the second gather does not count as a change.
+#
+# ### Your FSDP unit
+#
+# `FSDPUnit(module, compute_dtype=None)` below has its layout done (`fsdp.flat_layout`): the
+# parameter `shard` (fp32, `shard_size` elements), the buffer `full` (the whole padded vector, in
+# the compute dtype, storage freed), the module's own parameters removed, `use_views(full)` to
+# point the layers at a vector, and `free()`. Write:
+#
+# - `gather()`: give `full` its bytes back (`fsdp.allocate_storage`) and all-gather every rank's
+#   shard into it, `dist.all_gather_single(self.full, my_shard)`, the shard cast to
+#   `compute_dtype`; optionally, when `async_op=True`, start it asynchronously and keep the handle
+#   in `self._pending`, which the next `gather()` then only waits on (prefetch);
+# - `GatherParams`, the autograd function between the shard and the full vector: `forward` gathers
+#   and returns `unit.full.data`; `backward` casts the incoming gradient to fp32,
+#   `dist.reduce_scatter_single(shard_grad, grad)`, divides by the world size, frees the unit and
+#   returns the shard's gradient (and `None` for `unit`);
+# - `forward(x)`: `GatherParams.apply(self.shard, self)`, prefetch `self.next_unit` when it is
+#   set, `use_views`, run the module on `x` cast to `compute_dtype`, `free()`, register
+#   `before_backward` as a hook on the output (`out.register_hook`), return the output;
+# - `before_backward(grad)`: gather again (return nothing, so the gradient passes unchanged).
+#
+# Only all-gathers and reduce-scatters may move data here. `fsdp.train_fsdp` wraps each block of
+# the model in your class and trains with SGD (momentum 0.9) on the shards. It measures, from its
+# own side of the process: the collectives (counted below `torch.distributed`), how many units
+# were gathered at once, and, after the last step, the bytes of every tensor the training left
+# alive in the rank apart from the data and the optimizer's state.
+
+# %% nbgrader={"grade_id": "fsdp_code", "solution": true}
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fastdl_lab.distributed import fsdp
+
+
+class GatherParams(torch.autograd.Function):
+    """Forward: the unit's full flat vector, gathered from every rank's shard. Backward: its
+    gradient, reduce-scattered into this rank's shard and averaged over the ranks."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        ### BEGIN SOLUTION
+        unit.gather()
+        return unit.full.data
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        unit = ctx.unit
+        ### BEGIN SOLUTION
+        shard_grad = torch.empty_like(unit.shard)
+        dist.reduce_scatter_single(shard_grad, grad_full.float().contiguous())
+        shard_grad /= unit.world_size
+        unit.free()
+        return shard_grad, None
+        ### END SOLUTION
+
+
+class FSDPUnit(nn.Module):
+    """One unit of a fully sharded model: its parameters live here as this rank's flat shard."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module = module
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.slots, self.numel, self.shard_size = fsdp.flat_layout(module, self.world_size)
+        flat = fsdp.flatten_padded(list(module.parameters()), self.shard_size * self.world_size)
+        start = self.rank * self.shard_size
+        self.shard = nn.Parameter(flat[start:start + self.shard_size].float().clone())
+        self.compute_dtype = compute_dtype or torch.float32
+        self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
+        fsdp.free_storage(self.full)
+        for owner, name, _ in self.slots:
+            delattr(owner, name)  # from now on the layers see views of self.full
+        self.next_unit = None  # set by train_fsdp(..., prefetch=True)
+        self._pending = None
+
+    def free(self):
+        fsdp.free_storage(self.full)
+
+    def use_views(self, full):
+        offset = 0
+        for owner, name, shape in self.slots:
+            setattr(owner, name, full[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
+
+    def gather(self, async_op=False):
+        ### BEGIN SOLUTION
+        pending, self._pending = self._pending, None
+        if pending is not None:  # started by the previous unit's forward
+            pending.wait()
+            return
+        fsdp.allocate_storage(self.full)
+        work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
+        if async_op:
+            self._pending = work
+        ### END SOLUTION
+
+    def forward(self, x):
+        ### BEGIN SOLUTION
+        full = GatherParams.apply(self.shard, self)
+        if self.next_unit is not None:
+            self.next_unit.gather(async_op=True)
+        self.use_views(full)
+        out = self.module(x.to(self.compute_dtype))
+        self.free()
+        if out.requires_grad:
+            out.register_hook(self.before_backward)
+        return out
+        ### END SOLUTION
+
+    def before_backward(self, grad):
+        ### BEGIN SOLUTION
+        self.gather()
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "fsdp", "grade": true, "points": 3}
+import functools
+
+from fastdl_lab.distributed import ddp, fsdp, run_world
+
+_model = functools.partial(fsdp.unit_mlp, 6, [10, 21, 17, 26, 3])
+_data = ddp.make_regression(6, 12, 10, 3)
+_reference = fsdp.train_reference(_model, _data, 3, 0.1)
+_results = run_world(fsdp.train_fsdp, 2, _model, _data, 3, 0.1, unit_cls=FSDPUnit)
+fsdp.check_parity(_results, _reference, name="FSDPUnit, 2 ranks:")
+_problems = fsdp.memory_problems(_results, _reference) + fsdp.wire_problems(_results, _reference, 3)
+assert not _problems, _problems[0]
+print(f"fsdp: visible tests passed; parameters per rank {_results[0]['memory']['param_bytes']} B of "
+      f"{4 * sum(p.numel() for p in _reference.parameters())} B")
+### BEGIN HIDDEN TESTS
+_hidden_model = functools.partial(fsdp.unit_mlp, 13, [9, 30, 14, 22, 19, 4])
+_hidden_data = ddp.make_regression(13, 18, 9, 4)
+_hidden_reference = fsdp.train_reference(_hidden_model, _hidden_data, 4, 0.05)
+_hidden_results = run_world(fsdp.train_fsdp, 3, _hidden_model, _hidden_data, 4, 0.05, unit_cls=FSDPUnit)
+fsdp.check_parity(_hidden_results, _hidden_reference, name="hidden, 3 ranks:")
+assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
+            + fsdp.wire_problems(_hidden_results, _hidden_reference, 4))
+### END HIDDEN TESTS
+
+# %% [markdown]
+# **Mixed precision.** FSDP's usual setting computes in bf16 while the optimizer updates fp32
+# *master* shards: each gather moves the shards cast to bf16 (half the bytes), the unit's
+# arithmetic runs in bf16, and the gradient is reduce-scattered in fp32 into the fp32 shard. Your
+# class already has `compute_dtype`. The yardstick is the same training in one process that
+# rounds where FSDP rounds: each rank's slice of the batch in bf16, the gradients averaged in fp32
+# (`fsdp.train_reference(..., compute_dtype=torch.bfloat16, world_size=2)`); FSDP must be no
+# further from fp32 training than twice that run's own error.
+
+# %% nbgrader={"grade_id": "fsdp_mixed", "grade": true, "points": 2}
+import functools
+
+import torch
+
+from fastdl_lab.distributed import ddp, fsdp, run_world
+
+_model = functools.partial(fsdp.unit_mlp, 7, [12, 19, 25, 16, 2])
+_data = ddp.make_regression(7, 16, 12, 2)
+_reference = fsdp.train_reference(_model, _data, 3, 0.1)
+_bf16 = fsdp.train_reference(_model, _data, 3, 0.1, compute_dtype=torch.bfloat16, world_size=2)
+_results = run_world(fsdp.train_fsdp, 2, _model, _data, 3, 0.1, unit_cls=FSDPUnit, compute_dtype=torch.bfloat16)
+fsdp.check_parity(_results, _reference, name="FSDPUnit bf16, 2 ranks:", lowp_reference=_bf16)
+_problems = (fsdp.memory_problems(_results, _reference)
+             + fsdp.wire_problems(_results, _reference, 3, compute_dtype=torch.bfloat16))
+assert not _problems, _problems[0]
+print(f"fsdp_mixed: visible tests passed; {_results[0]['wire']['gathered_bytes']} B gathered per rank in bf16")
+### BEGIN HIDDEN TESTS
+_hidden_model = functools.partial(fsdp.unit_mlp, 17, [8, 23, 11, 29, 5])
+_hidden_data = ddp.make_regression(17, 12, 8, 5)
+_hidden_reference = fsdp.train_reference(_hidden_model, _hidden_data, 4, 0.05)
+_hidden_bf16 = fsdp.train_reference(_hidden_model, _hidden_data, 4, 0.05, compute_dtype=torch.bfloat16,
+                                    world_size=3)
+_hidden_results = run_world(fsdp.train_fsdp, 3, _hidden_model, _hidden_data, 4, 0.05, unit_cls=FSDPUnit,
+                            compute_dtype=torch.bfloat16)
+fsdp.check_parity(_hidden_results, _hidden_reference, name="hidden bf16:", lowp_reference=_hidden_bf16)
+assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
+            + fsdp.wire_problems(_hidden_results, _hidden_reference, 4, compute_dtype=torch.bfloat16))
+### END HIDDEN TESTS
+
+# %% [markdown]
+# What each rank keeps, and what it moves, as the world grows (a wider model of six units;
+# `max_live_buffers` is the most units still gathered when another was, so 1 with prefetch):
+
+# %%
+import functools
+
+wide = functools.partial(fsdp.unit_mlp, 0, [64] * 7)
+wide_data = ddp.make_regression(0, 24, 64, 64)
+full_bytes = 4 * sum(p.numel() for p in wide().parameters())
+print(f"the whole model: {full_bytes} B of fp32 weights")
+worlds = ((1, False), (2, False), (2, True)) if QUICK else ((1, False), (2, False), (3, False), (4, False), (4, True))
+for world_size, prefetch in worlds:
+    r = run_world(fsdp.train_fsdp, world_size, wide, wide_data, 1, 0.05, unit_cls=FSDPUnit, prefetch=prefetch)[0]
+    print(f"{world_size} rank(s){' + prefetch' if prefetch else '':>11}: weights {r['memory']['param_bytes']:6d} B, "
+          f"everything kept {r['memory']['resident_bytes']:6d} B, gathered per step {r['wire']['gathered_bytes']:6d} B, "
+          f"units gathered at once besides the new one: {r['wire']['max_live_buffers']}")
+
+# %% [markdown]
+# ## 9. Tensor parallelism: a column- then row-parallel MLP
+#
+# Data parallelism, sharded or not, still runs every layer whole on one device; it cannot make one
+# layer faster or smaller than one device allows. **Tensor parallelism** splits the matrices of
+# each layer (Shoeybi et al., *Megatron-LM*, 2019). For a transformer MLP
+# $y = \mathrm{gelu}(x W_1 + b_1)\,W_2 + b_2$:
+#
+# - **column-parallel** $W_1$: rank $r$ holds a block of $W_1$'s columns (and the matching piece of
+#   $b_1$) and computes its own slice of the hidden units, $h_r = \mathrm{gelu}(x W_{1,r} + b_{1,r})$,
+#   from the whole input and with no communication — gelu acts element by element;
+# - **row-parallel** $W_2$: rank $r$ holds the matching block of $W_2$'s rows, so $h_r W_{2,r}$ is its
+#   partial sum of the output; one **all-reduce** adds the partials, then $b_2$ is added once.
+#
+# Backward mirrors it. The row-parallel layer's partial products each receive the whole output
+# gradient (no communication), and the column-parallel layer's input gradient is a sum of every
+# rank's contribution, $\partial x = \sum_r \partial h_r W_{1,r}^\top$: one all-reduce. Megatron
+# writes the two as autograd functions that are each other's mirror: **f**, identity forward and
+# all-reduce backward, at the entrance of the column-parallel layer; **g**, all-reduce forward and
+# identity backward, at the exit of the row-parallel one. Two all-reduces of the activations per
+# layer is a lot of traffic, so tensor parallelism stays inside a node, on NVLink.
+#
+# ### Your tensor-parallel MLP
+#
+# Write `CopyToTensorParallel` (f), `ReduceFromTensorParallel` (g), and the forwards of
+# `ColumnParallelLinear` (`x @ weight + bias` behind f) and `RowParallelLinear` (`h @ weight`
+# through g, then `+ bias`). Weights are stored as `x @ W` multiplies them, (d_in, d_out);
+# `tensor_parallel.shard_mlp` cuts them (`torch.tensor_split`, so $d_\text{hidden}$ need not
+# divide by $N$). Use the parameters the layers are given: `tensor_parallel.tp_trial` reads their
+# gradients, and counts the all-reduces of each pass (only all-reduces may move data).
+
+# %% nbgrader={"grade_id": "tp_code", "solution": true}
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class CopyToTensorParallel(torch.autograd.Function):
+    """f: identity forward; backward sums the input gradient over the ranks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ### BEGIN SOLUTION
+        return x.view_as(x)
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ### BEGIN SOLUTION
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad
+        ### END SOLUTION
+
+
+class ReduceFromTensorParallel(torch.autograd.Function):
+    """g: forward sums the partial outputs over the ranks; identity backward."""
+
+    @staticmethod
+    def forward(ctx, partial):
+        ### BEGIN SOLUTION
+        total = partial.contiguous().clone()
+        dist.all_reduce(total)
+        return total
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ### BEGIN SOLUTION
+        return grad
+        ### END SOLUTION
+
+
+class ColumnParallelLinear(nn.Module):
+    """This rank's block of output features, from the whole input."""
+
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x):
+        ### BEGIN SOLUTION
+        return CopyToTensorParallel.apply(x) @ self.weight + self.bias
+        ### END SOLUTION
+
+
+class RowParallelLinear(nn.Module):
+    """The whole output, from this rank's block of input features, summed over the ranks."""
+
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, h):
+        ### BEGIN SOLUTION
+        return ReduceFromTensorParallel.apply(h @ self.weight) + self.bias
+        ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "tp_mlp", "grade": true, "points": 3}
+from fastdl_lab.distributed import run_world, tensor_parallel
+
+for _world, _d_hidden in ((2, 24), (3, 17)):
+    _results = run_world(tensor_parallel.tp_trial, _world, 3, 5, 8, _d_hidden, column_cls=ColumnParallelLinear,
+                         row_cls=RowParallelLinear)
+    tensor_parallel.check_tp(_results, 3, 5, 8, _d_hidden)
+    assert not tensor_parallel.allreduce_problems(_results), tensor_parallel.allreduce_problems(_results)[0]
+print("tp_mlp: visible tests passed")
+### BEGIN HIDDEN TESTS
+_hidden_layers = {"column_cls": ColumnParallelLinear, "row_cls": RowParallelLinear}
+_hidden_results = run_world(tensor_parallel.tp_trial, 4, 21, 7, 11, 30, **_hidden_layers)
+tensor_parallel.check_tp(_hidden_results, 21, 7, 11, 30)
+assert not tensor_parallel.allreduce_problems(_hidden_results)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Each rank holds $1/N$ of both matrices, and pays for it in activations on the wire:
 
 # %%
 seed, tokens, d_model, d_hidden = 0, 6, 16, 40
-per_rank = run_world(tensor_parallel.tp_trial, 2, seed, tokens, d_model, d_hidden)
-tensor_parallel.check_tp(per_rank, seed, tokens, d_model, d_hidden)
 shard = tensor_parallel.shard_mlp(tensor_parallel.make_mlp(seed, d_model, d_hidden), 0, 2)
-print("rank 0 holds", {name: tuple(t.shape) for name, t in shard.items()})
-print("both ranks' outputs and gradients equal the unsplit MLP's")
+print("rank 0 of 2 holds", {name: tuple(t.shape) for name, t in shard.items()})
 per_layer = tensor_parallel.allreduce_bytes_per_layer(2048 * 8, 8192, 2, 8)
 print(f"forward all-reduce of one MLP, 8 ranks, 8 sequences of 2048 tokens, d_model 8192, bf16: "
       f"{per_layer / 1e6:.0f} MB per rank")
 
 # %% [markdown]
+# ## 10. Beyond: pipeline and sequence parallelism
+#
+# Two more axes split the model itself; large runs combine all of them ("3-D parallelism").
+#
 # **Pipeline parallelism** gives each rank a contiguous group of layers (a *stage*) and passes
 # activations from stage to stage (GPipe, Huang et al. 2019; PipeDream's 1F1B schedule). Only
 # activations at stage boundaries travel, so it crosses nodes well; the cost is the **bubble**:
@@ -1006,5 +1435,12 @@ print("each rank's output:", [tuple(r["y"].shape) for r in per_rank], "— its t
 #   per parameter towards 4. Wrapping the real optimizer keeps the weights bit for bit those of
 #   the unsharded one; reduce-scatter and all-gather instead of all-reduce and broadcast keep the
 #   traffic that of plain data parallelism.
-# - Tensor, pipeline and sequence parallelism split the model itself, each with its own
-#   communication pattern and reach.
+# - Each data-parallel rank adds to the global batch; with the learning rate scaled alongside,
+#   that pays off up to a critical batch size, and no further.
+# - FSDP (ZeRO-3) shards the weights and gradients too: each unit is gathered before its forward
+#   and again before its backward, and freed after each by resizing its storage to nothing, so a
+#   rank holds $1/N$ of the model plus a unit or two; gathering in bf16 with fp32 master shards
+#   halves the traffic.
+# - Tensor parallelism splits each layer's matrices: a column- then row-parallel MLP costs one
+#   all-reduce in forward and one in backward. Pipeline and sequence parallelism split the layers
+#   and the tokens, each with its own communication pattern and reach.

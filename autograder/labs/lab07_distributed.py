@@ -1,4 +1,5 @@
-"""Graded items of lab 07 distributed: DDP wrappers, ring all-reduce, parameter server, ZeRO-1.
+"""Graded items of lab 07 distributed: DDP wrappers, ring all-reduce, parameter server, ZeRO-1,
+FSDP (fp32 and bf16) and a tensor-parallel MLP.
 
 Each item starts small worlds of ranks inside the sandboxed child (forked, gloo on loopback in the
 child's own network namespace, so concurrent gradings never share a port). The parent computes
@@ -262,3 +263,147 @@ LAB = LabSpec(
                           "state on one rank, balanced"),
     ],
 )
+
+
+# --- FSDP (ZeRO-3) and the tensor-parallel MLP -------------------------------------------------
+# Their figures are taken inside the ranks by fastdl_lab.distributed.census, bound before the
+# cells run and verified after them, and judged here against references computed in this process.
+
+import torch  # noqa: E402
+
+from fastdl_lab.distributed import fsdp, tensor_parallel  # noqa: E402
+
+# The census's functions, and the names through which the trusted loops reach them.
+SHARDING_INSTRUMENTS = INSTRUMENTS + tuple(f"fastdl_lab.distributed.{name}" for name in (
+    "fsdp.train_fsdp", "fsdp._sgd_step", "fsdp.functional_sgd", "fsdp.unit_mlp", "fsdp.census", "tensor_parallel.tp_trial", "tensor_parallel.census",
+    "census.snapshot", "census.Snapshot", "census.Snapshot.__init__", "census.Snapshot.storages_now",
+    "census.Snapshot.changed", "census.Snapshot.__exit__", "census._storages_of", "census.resident_bytes",
+    "census.storage_bytes", "census._storage",
+    "census._nbytes", "census._tensor_bytes", "census._subclasses", "census._digest", "census.sharded_collectives",
+    "census.allreduce_only", "census._process_group_mode", "census.WireLog", "census.WireLog.before_gather",
+    "census.WireLog.gathered_storages", "census.WireLog.summary", "census.gc", "census.hashlib", "census.torch",
+    "census.c10d", "census.StorageWeakRef")) + (
+    "gc.get_objects", "gc.collect", "gc.freeze", "gc.unfreeze", "torch.Tensor.untyped_storage", "torch.Tensor.numel",
+    "torch.Tensor.element_size", "torch.UntypedStorage.nbytes", "torch.TypedStorage.untyped",
+    "torch.multiprocessing.reductions.StorageWeakRef.expired", "torch.optim.sgd.sgd")
+
+
+def _fsdp_cases(seed: int, params: dict) -> dict:
+    rng = random.Random(seed)
+    cases = []
+    for world in params["worlds"]:
+        dims = [rng.randint(params.get("min_width", 12), params.get("max_width", 36))
+                for _ in range(int(params.get("units", 4)) + 1)]
+        cases.append({"seed": rng.randint(0, 10_000), "dims": dims, "n": world * rng.randint(3, 6),
+                      "steps": int(params.get("steps", 3)), "lr": rng.choice([0.05, 0.1, 0.2]), "world": world})
+    return {"cases": cases, "dtype": ""}
+
+
+def _fsdp_mixed_cases(seed: int, params: dict) -> dict:
+    return {**_fsdp_cases(seed, params), "dtype": "bfloat16"}
+
+
+def _fsdp_model_fn(case: dict):
+    return functools.partial(fsdp.unit_mlp, case["seed"], case["dims"])
+
+
+def _fsdp_data(case: dict):
+    return ddp.make_regression(case["seed"], case["n"], case["dims"][0], case["dims"][-1])
+
+
+def _compute_dtype(inputs: dict):
+    return getattr(torch, inputs["dtype"]) if inputs["dtype"] else None
+
+
+def _fsdp_label(case: dict) -> str:
+    return f"{case['world']} ranks, widths {case['dims']}"
+
+
+def fsdp_drive(ns: dict, inputs: dict) -> list:
+    cls = ns["FSDPUnit"]
+    return [run_world(fsdp.train_fsdp, c["world"], _fsdp_model_fn(c), _fsdp_data(c), c["steps"], c["lr"],
+                      unit_cls=cls, compute_dtype=_compute_dtype(inputs), timeout_s=inputs["timeout_s"])
+            for c in inputs["cases"]]
+
+
+def fsdp_check(inputs: dict, outputs, params: dict) -> Verdict:
+    """A third for parity, a third for the memory each rank kept, a third for the collectives."""
+    cases, dtype = inputs["cases"], _compute_dtype(inputs)
+    references = [fsdp.train_reference(_fsdp_model_fn(c), _fsdp_data(c), c["steps"], c["lr"]) for c in cases]
+
+    def check_one(i: int) -> None:
+        c = cases[i]
+        lowp = (fsdp.train_reference(_fsdp_model_fn(c), _fsdp_data(c), c["steps"], c["lr"], compute_dtype=dtype,
+                                     world_size=c["world"]) if dtype else None)
+        if not isinstance(outputs[i], list) or len(outputs[i]) != c["world"]:
+            raise AssertionError("expected one result per rank")
+        fsdp.check_parity(outputs[i], references[i], name="FSDPUnit", lowp_reference=lowp)
+
+    parity = per_case([_fsdp_label(c) for c in cases], check_one)
+    if parity.fraction < 1:
+        return Verdict(parity.fraction / 3, parity.reason)
+    memory, wire = [], []
+    for c, results, reference in zip(cases, outputs, references, strict=True):
+        memory += [f"{_fsdp_label(c)}: {p}" for p in fsdp.memory_problems(results, reference)]
+        wire += [f"{_fsdp_label(c)}: {p}" for p in fsdp.wire_problems(results, reference, c["steps"], dtype)]
+    held = outputs[0][0]["memory"]["param_bytes"]
+    full = 4 * sum(p.numel() for p in references[0].parameters())
+    if not memory and not wire:
+        worlds = f"{len(cases)} hidden world{'s' * (len(cases) != 1)}"
+        return Verdict.passed(f"parity on {worlds}; each rank keeps its 1/N shard ({held} B of {full} B in the "
+                              "first), two all-gathers and one reduce-scatter per unit and step")
+    lost = " ".join(problems[0] for problems in (memory, wire) if problems)
+    return Verdict(1 - (bool(memory) + bool(wire)) / 3, f"weights correct, but {lost}")
+
+
+def tp_cases(seed: int, params: dict) -> dict:
+    rng = random.Random(seed)
+    return {"cases": [{"seed": rng.randint(0, 10_000), "tokens": rng.randint(3, 9), "d_model": rng.randint(6, 16),
+                       "d_hidden": world * rng.randint(3, 8) + rng.randint(1, world - 1), "world": world}
+                      for world in params["worlds"]]}
+
+
+def _tp_label(case: dict) -> str:
+    return f"{case['world']} ranks, d_model {case['d_model']}, d_hidden {case['d_hidden']}"
+
+
+def tp_drive(ns: dict, inputs: dict) -> list:
+    column, row = ns["ColumnParallelLinear"], ns["RowParallelLinear"]
+    return [run_world(tensor_parallel.tp_trial, c["world"], c["seed"], c["tokens"], c["d_model"], c["d_hidden"],
+                      column_cls=column, row_cls=row, timeout_s=inputs["timeout_s"]) for c in inputs["cases"]]
+
+
+def tp_check(inputs: dict, outputs, params: dict) -> Verdict:
+    """Half for the output and gradients of the unsplit MLP, half for one all-reduce per pass."""
+    cases = inputs["cases"]
+
+    def check_one(i: int) -> None:
+        c = cases[i]
+        if not isinstance(outputs[i], list) or len(outputs[i]) != c["world"]:
+            raise AssertionError("expected one result per rank")
+        tensor_parallel.check_tp(outputs[i], c["seed"], c["tokens"], c["d_model"], c["d_hidden"])
+
+    parity = per_case([_tp_label(c) for c in cases], check_one)
+    if parity.fraction < 1:
+        return Verdict(parity.fraction / 2, parity.reason)
+    problems = [f"{_tp_label(c)}: {p}" for c, results in zip(cases, outputs, strict=True)
+                for p in tensor_parallel.allreduce_problems(results)]
+    if problems:
+        return Verdict(0.5, f"output and gradients correct, but {problems[0]}")
+    return Verdict.passed(f"output and gradients equal the unsplit MLP on {len(cases)} hidden "
+                          f"world{'s' * (len(cases) != 1)}, with one all-reduce in forward and one in backward")
+
+
+def _sharding_item(name, points, cell, make_inputs, drive, check, description):
+    return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind="mechanism",
+                description=description, loopback=True, processes=8, instruments=SHARDING_INSTRUMENTS)
+
+
+LAB.items += [
+    _sharding_item("fsdp", 3, "fsdp_code", _fsdp_cases, fsdp_drive, fsdp_check,
+                   "FSDP: parity, 1/N of the weights per rank, gathered and freed unit by unit"),
+    _sharding_item("fsdp_mixed", 2, "fsdp_code", _fsdp_mixed_cases, fsdp_drive, fsdp_check,
+                   "FSDP in bf16 with fp32 master shards: parity within bf16's error, 1/N per rank"),
+    _sharding_item("tp_mlp", 3, "tp_code", tp_cases, tp_drive, tp_check,
+                   "tensor-parallel MLP: column then row split, parity, one all-reduce per pass"),
+]

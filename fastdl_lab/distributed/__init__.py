@@ -12,6 +12,8 @@
   ring, tree and root-based all-reduces;
 - ``ps``: a parameter server with synchronous, asynchronous and bounded-staleness SGD;
 - ``zero``: ``Zero1``, any torch optimizer with its state sharded across the ranks (ZeRO stage 1);
+- ``fsdp``: ``FSDPUnit``, weights, gradients and optimizer state sharded (ZeRO stage 3), with
+  ``census`` measuring what each rank holds and sends;
 - ``tensor_parallel``: a Megatron-style column- then row-parallel MLP, its sequence-parallel
   variant, and pipeline arithmetic.
 
@@ -29,7 +31,7 @@ import torch
 from fastdl_lab.distributed.launch import RankFailure, free_port, rank_device, run_world
 
 __all__ = ["RankFailure", "free_port", "rank_device", "run_world", "bench_in_rank", "check", "benchmark", "BENCHMARK"]
-_SUBMODULES = ("launch", "ddp", "watch", "ring", "ps", "zero", "tensor_parallel")
+_SUBMODULES = ("launch", "ddp", "watch", "ring", "ps", "zero", "fsdp", "tensor_parallel")
 
 
 def bench_in_rank(fn, *, warmup: int = 2, reps: int = 10):

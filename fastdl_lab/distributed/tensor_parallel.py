@@ -1,4 +1,4 @@
-"""Tensor parallelism: a transformer MLP split across ranks, Megatron-style (lab 07's survey).
+"""Tensor parallelism: a transformer MLP split across ranks, Megatron-style (lab 07).
 
 Data parallelism copies the model; when one layer no longer fits a device, or is too slow on
 one, its matrices are split instead. For the MLP ``y = gelu(x W1 + b1) W2 + b2`` (Shoeybi et
@@ -13,7 +13,9 @@ al., 2019):
 One all-reduce of the activations (tokens x d_model) per MLP forward, one more for the input
 gradient in backward: the autograd functions ``_CopyToTensorParallel`` (identity forward,
 all-reduce backward) and ``_ReduceFromTensorParallel`` (all-reduce forward, identity backward)
-are the two conjugate operations Megatron calls f and g. Because it communicates inside every
+are the two conjugate operations Megatron calls f and g; ``ColumnParallelLinear`` starts with f,
+``RowParallelLinear`` ends with g. ``tp_trial`` runs any pair of such classes on a rank and
+counts the all-reduces each pass makes (``census.allreduce_only``). Because it communicates inside every
 layer, tensor parallelism stays within a node's fast links (NVLink); pipeline parallelism
 (``pipeline_bubble_fraction``) and data parallelism span nodes.
 
@@ -27,8 +29,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from fastdl_lab import checks
+from fastdl_lab.distributed import census
 from fastdl_lab.distributed.launch import rank_device, run_world
 from fastdl_lab.distributed.ring import busbw_factor
 
@@ -60,38 +64,68 @@ def shard_mlp(weights: dict[str, torch.Tensor], rank: int, world_size: int) -> d
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
-    """Every rank uses the whole input; its gradient is the sum of every rank's contribution."""
+    """f: every rank uses the whole input; its gradient is the sum of every rank's contribution."""
 
     @staticmethod
     def forward(ctx, x):
+        ### BEGIN SOLUTION
         return x.view_as(x)
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
+        ### BEGIN SOLUTION
         grad = grad.contiguous().clone()
         dist.all_reduce(grad)
         return grad
+        ### END SOLUTION
 
 
 class _ReduceFromTensorParallel(torch.autograd.Function):
-    """The output is the sum of the ranks' partial outputs; each partial gets the whole gradient."""
+    """g: the output is the sum of the ranks' partial outputs; each partial gets the whole gradient."""
 
     @staticmethod
     def forward(ctx, partial):
+        ### BEGIN SOLUTION
         total = partial.contiguous().clone()
         dist.all_reduce(total)
         return total
+        ### END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
+        ### BEGIN SOLUTION
         return grad
+        ### END SOLUTION
 
 
-def tensor_parallel_mlp(x: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The MLP on this rank's shard; every rank returns the full output (differentiable)."""
-    x = _CopyToTensorParallel.apply(x)
-    hidden = F.gelu(x @ shard["w1"] + shard["b1"])
-    return _ReduceFromTensorParallel.apply(hidden @ shard["w2"]) + shard["b2"]
+class ColumnParallelLinear(nn.Module):
+    """``x @ W[:, cols] + b[cols]`` for this rank's block of columns: the full input in, this
+    rank's slice of the features out. ``weight`` (d_in, d_out / N) and ``bias`` are this rank's
+    shards, used as given (their gradients are read from them)."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        return _CopyToTensorParallel.apply(x) @ self.weight + self.bias
+        ### END SOLUTION
+
+
+class RowParallelLinear(nn.Module):
+    """``h @ W + b`` where this rank holds a block of W's rows and the matching slice of h: the
+    partial products are summed over the ranks, then the (whole) bias is added once."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        return _ReduceFromTensorParallel.apply(h @ self.weight) + self.bias
+        ### END SOLUTION
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -135,7 +169,7 @@ class _ScatterTokens(torch.autograd.Function):
 def sequence_parallel_mlp(x_local: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
     """The MLP with Megatron's sequence parallelism: this rank holds 1/N of the tokens.
 
-    The all-reduce of ``tensor_parallel_mlp`` splits into its two halves: an all-gather of the
+    The all-reduce of the column- then row-parallel MLP splits into its two halves: an all-gather of the
     token slices before the column-parallel matmul, a reduce-scatter of the partial outputs after
     the row-parallel one. Same bytes; but what lies between blocks (here the input and output,
     in a transformer also LayerNorm and dropout) is stored for 1/N of the tokens only. The
@@ -150,22 +184,45 @@ def _inputs(seed: int, tokens: int, d_model: int):
 
 
 def tp_trial(rank: int, world_size: int, seed: int, tokens: int, d_model: int, d_hidden: int,
-             sequence_parallel: bool = False) -> dict:
-    """One rank's forward and backward of the split MLP: output, input gradient, shard gradients.
+             sequence_parallel: bool = False, column_cls=ColumnParallelLinear, row_cls=RowParallelLinear) -> dict:
+    """One rank's forward and backward of the split MLP: output, input gradient, shard gradients,
+    and the all-reduces made in each pass (``forward_allreduces``, ``backward_allreduces``).
 
-    With ``sequence_parallel`` the rank's input, output and their gradients are its slice of the
-    tokens (``torch.chunk`` along dim 0).
+    The MLP is ``row_cls(w2, b2)(gelu(column_cls(w1, b1)(x)))`` on this rank's shards, where
+    only all-reduces may move data. With ``sequence_parallel`` it is ``sequence_parallel_mlp``
+    instead, and the rank's input, output and their gradients are its slice of the tokens
+    (``torch.chunk`` along dim 0); nothing is counted then.
     """
     dev = rank_device()
-    shard = {k: v.to(dev).requires_grad_() for k, v in shard_mlp(make_mlp(seed, d_model, d_hidden),
-                                                                 rank, world_size).items()}
+    shard = {k: nn.Parameter(v.to(dev)) for k, v in shard_mlp(make_mlp(seed, d_model, d_hidden),
+                                                               rank, world_size).items()}
     x, dy = (t.to(dev) for t in _inputs(seed, tokens, d_model))
     if sequence_parallel:
         x, dy = x.chunk(world_size)[rank].contiguous(), dy.chunk(world_size)[rank].contiguous()
     x.requires_grad_()
-    y = (sequence_parallel_mlp if sequence_parallel else tensor_parallel_mlp)(x, shard)
-    grads = torch.autograd.grad(y, [x, *(shard[k] for k in WEIGHTS)], dy)
-    return {"y": y, "dx": grads[0], **{f"d{k}": g for k, g in zip(WEIGHTS, grads[1:])}}
+    wanted = [x, *(shard[k] for k in WEIGHTS)]
+    if sequence_parallel:
+        y = sequence_parallel_mlp(x, shard)
+        grads, counts = torch.autograd.grad(y, wanted, dy), {}
+    else:
+        column, row = column_cls(shard["w1"], shard["b1"]), row_cls(shard["w2"], shard["b2"])
+        with census.allreduce_only() as calls:
+            y = row(F.gelu(column(x)))
+            forward_calls = calls[0]
+            grads = torch.autograd.grad(y, wanted, dy, allow_unused=True)
+        counts = {"forward_allreduces": forward_calls, "backward_allreduces": calls[0] - forward_calls}
+        missing = [name for name, g in zip(("x", *WEIGHTS), grads) if g is None]
+        if missing:
+            raise ValueError(f"no gradient reached {', '.join(missing)}: the layers must compute with the "
+                             "parameters they are given")
+    return {"y": y, "dx": grads[0], **{f"d{k}": g for k, g in zip(WEIGHTS, grads[1:])}, **counts}
+
+
+def allreduce_problems(results: list[dict]) -> list[str]:
+    """Ranks that did not make exactly one all-reduce in forward and one in backward."""
+    return [f"rank {rank}: {r['forward_allreduces']} all-reduce(s) in forward and {r['backward_allreduces']} in "
+            "backward; the column- then row-parallel MLP needs exactly one in each"
+            for rank, r in enumerate(results) if (r["forward_allreduces"], r["backward_allreduces"]) != (1, 1)]
 
 
 def check_tp(results: list[dict], seed: int, tokens: int, d_model: int, d_hidden: int,
@@ -210,11 +267,13 @@ def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
 def check() -> None:
     """The MLP split over 2 and 3 ranks (an uneven hidden size) equals the unsplit one, both passes."""
     for world_size, d_hidden in ((2, 32), (3, 29)):
-        check_tp(run_world(tp_trial, world_size, 0, 5, 12, d_hidden), 0, 5, 12, d_hidden)
+        results = run_world(tp_trial, world_size, 0, 5, 12, d_hidden)
+        check_tp(results, 0, 5, 12, d_hidden)
+        assert not allreduce_problems(results), allreduce_problems(results)
         check_tp(run_world(tp_trial, world_size, 0, 6, 12, d_hidden, sequence_parallel=True), 0, 6, 12, d_hidden,
                  sequence_parallel=True)
-    print("tensor_parallel: column- then row-parallel MLP, with and without sequence parallelism, equals the "
-          "unsplit MLP, forward and backward")
+    print("tensor_parallel: column- then row-parallel MLP (one all-reduce per pass), with and without sequence "
+          "parallelism, equals the unsplit MLP, forward and backward")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,156 @@
+"""Lab 07 distributed: FSDP (ZeRO-3) units and the census that measures them from the rank's side."""
+
+import functools
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fastdl_lab import checks
+from fastdl_lab.distributed import census, ddp, fsdp, run_world
+
+pytestmark = pytest.mark.distributed
+
+DIMS = [11, 24, 30, 19, 4]
+MODEL = functools.partial(fsdp.unit_mlp, 4, DIMS)
+DATA = ddp.make_regression(4, 24, DIMS[0], DIMS[-1])
+STEPS, LR = 3, 0.1
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return fsdp.train_reference(MODEL, DATA, STEPS, LR)
+
+
+def _train(world_size, **kwargs):
+    return run_world(fsdp.train_fsdp, world_size, MODEL, DATA, STEPS, LR, **kwargs)
+
+
+def _problems(results, reference, dtype=None):
+    return fsdp.memory_problems(results, reference) + fsdp.wire_problems(results, reference, STEPS, dtype)
+
+
+class _KeepsFlatVector(fsdp.FSDPUnit):
+    """Keeps the unpadded full weights it sharded: parity holds, memory does not."""
+
+    def __init__(self, module, compute_dtype=None):
+        kept = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+        super().__init__(module, compute_dtype)
+        self.kept = kept
+
+
+class _KeepsGatheredUntilBackward(fsdp.FSDPUnit):
+    """Gathers once per step and keeps every unit's weights from forward to backward (ZeRO-2 memory)."""
+
+    def forward(self, x):
+        full = fsdp._GatherParams.apply(self.shard, self)
+        self.use_views(full)
+        return self.module(x.to(self.compute_dtype))
+
+    def gather(self, async_op=False):
+        if self.full.untyped_storage().nbytes() == 0:
+            super().gather()
+
+
+class _DropsReferences(fsdp.FSDPUnit):
+    """"Frees" by gathering into a new buffer each time: the old ones live on in the layers' views."""
+
+    def gather(self, async_op=False):
+        self.full = torch.empty(self.full.shape, dtype=self.full.dtype)
+        super().gather()
+
+    def free(self):
+        pass
+
+
+def test_flat_layout_pads_to_equal_shards():
+    block = MODEL()[0]
+    slots, numel, shard = fsdp.flat_layout(block, 3)
+    assert [(owner is block[0], name, tuple(shape)) for owner, name, shape in slots] == [
+        (True, "weight", (24, 11)), (True, "bias", (24,))]
+    assert numel == 24 * 11 + 24 and shard == -(-numel // 3)
+    flat = fsdp.flatten_padded(list(block.parameters()), 3 * shard)
+    assert flat.shape == (3 * shard,) and flat[numel:].eq(0).all()
+    with pytest.raises(ValueError, match="at least one parameter"):
+        fsdp.flat_layout(torch.nn.Tanh(), 2)
+
+
+@pytest.mark.parametrize("world_size, prefetch", [(2, False), (3, True)])
+def test_fsdp_matches_one_process_and_keeps_one_shard(reference, world_size, prefetch):
+    results = _train(world_size, prefetch=prefetch)
+    fsdp.check_parity(results, reference)
+    assert _problems(results, reference) == []
+    shards = 4 * sum(shard for _, shard in fsdp.unit_sizes(reference, world_size))
+    for result in results:
+        assert result["memory"]["param_bytes"] == result["memory"]["grad_bytes"] == shards
+        assert result["memory"]["resident_bytes"] == 2 * shards  # shards and their gradients, nothing more
+        assert result["wire"]["max_live_buffers"] == (1 if prefetch else 0)
+
+
+def test_fsdp_in_bf16_keeps_fp32_masters_and_gathers_half_the_bytes(reference):
+    lowp = fsdp.train_reference(MODEL, DATA, STEPS, LR, compute_dtype=torch.bfloat16, world_size=2)
+    results = _train(2, compute_dtype=torch.bfloat16)
+    fsdp.check_parity(results, reference, lowp_reference=lowp)
+    assert _problems(results, reference, torch.bfloat16) == []
+    fp32_problems = fsdp.wire_problems(results, reference, STEPS)
+    assert fp32_problems and "all-gathers produced" in fp32_problems[0]
+    # The rule has teeth: the bf16 run itself is far from fp32 parity.
+    with pytest.raises(checks.MismatchError):
+        fsdp.check_parity(results, reference)
+
+
+@pytest.mark.parametrize("unit_cls, where, words", [
+    (_KeepsFlatVector, "memory", "still holds"),
+    (_KeepsGatheredUntilBackward, "wire", "all-gathers"),
+    (_DropsReferences, "memory", "still holds"),
+])
+def test_fsdp_mistakes_keep_parity_but_are_measured(reference, unit_cls, where, words):
+    results = _train(2, unit_cls=unit_cls)
+    fsdp.check_parity(results, reference)
+    problems = (fsdp.memory_problems if where == "memory" else
+                functools.partial(fsdp.wire_problems, steps=STEPS))(results, reference)
+    assert problems and words in problems[0]
+
+
+def test_unsharded_parameters_fail_parity_by_shape(reference):
+    results = [{"shards": [p.detach() for p in MODEL().parameters()]} for _ in range(2)]
+    with pytest.raises(checks.MismatchError, match="one shard per unit|a shard of this unit"):
+        fsdp.check_parity(results, reference)
+
+
+def _census_trial(rank, world_size):
+    ahead = torch.zeros(4096)  # set aside before the snapshot, filled after it
+    untouched = torch.ones(1024)
+    swapped = torch.ones(8)  # an old tensor given a new storage of 512 floats
+    with census.snapshot() as before:
+        ahead += 1
+        swapped.set_(torch.zeros(512).untyped_storage())
+        fresh = torch.zeros(256)
+        frozen = gc.get_freeze_count() > 0
+        counted = census.resident_bytes(before)
+        excluded = census.resident_bytes(before, exclude=[fresh])
+    thawed = gc.get_freeze_count() == 0
+    with census.sharded_collectives() as wire:
+        out = torch.empty(2 * world_size)
+        dist.all_gather_single(out, torch.ones(2))
+        dist.reduce_scatter_single(torch.empty(2), torch.ones(2 * world_size))
+        try:
+            dist.all_reduce(torch.ones(1))
+            refused = ""
+        except census.CollectiveRefused as exc:
+            refused = str(exc)
+    del untouched
+    return {"counted": counted, "excluded": excluded, "wire": wire.summary(), "refused": refused,
+            "frozen": frozen, "thawed": thawed}
+
+
+def test_census_counts_new_and_changed_storages_and_refuses_other_collectives():
+    result = run_world(_census_trial, 2)[0]
+    assert result["counted"] - result["excluded"] == 256 * 4
+    # The filled buffer, the swapped storage and the new one; not the untouched buffer.
+    assert result["counted"] == (4096 + 512 + 256) * 4
+    assert result["frozen"] and result["thawed"]
+    assert result["wire"]["all_gathers"] == 1 and result["wire"]["gathered_bytes"] == 2 * 2 * 4
+    assert result["wire"]["reduce_scatters"] == 1 and result["wire"]["reduced_bytes"] == 2 * 2 * 4
+    assert "allreduce" in result["refused"]
