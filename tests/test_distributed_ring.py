@@ -139,3 +139,44 @@ def test_collectives_are_refused_inside_a_ring_trial():
         run_world(ring.ring_trial, 2, 10, allreduce=_library_allreduce)
     # Outside the trial the library is untouched.
     assert run_world(lambda rank, world: dist.all_reduce(torch.ones(1)) or True, 2) == [True, True]
+
+
+def _swap_through_the_group(tensor):
+    """Two ranks swap through the process group's own send and recv, not torch.distributed's."""
+    group, other = dist.group.WORLD, 1 - dist.get_rank()
+    incoming = torch.empty_like(tensor)
+    if dist.get_rank() == 0:
+        group.send([tensor], other, 0).wait()
+        group.recv([incoming], other, 0).wait()
+    else:
+        group.recv([incoming], other, 0).wait()
+        group.send([tensor], other, 0).wait()
+    tensor.add_(incoming)
+    return 0
+
+
+def test_sends_on_the_group_itself_are_counted():
+    results = run_world(ring.ring_trial, 2, 10, allreduce=_swap_through_the_group)
+    assert [r["sent"] for r in results] == [40, 40]
+
+
+def _allreduce_on_the_backend(tensor):
+    dist.group.WORLD._get_backend(tensor.device).allreduce([tensor]).wait()
+    return 0
+
+
+def _all_gather_single_on_the_group(tensor):
+    gathered = torch.empty(dist.get_world_size() * tensor.numel())
+    dist.group.WORLD.all_gather_single(gathered, tensor).wait()
+    return 0
+
+
+@pytest.mark.parametrize("allreduce, refusal", [
+    (_allreduce_on_the_backend, "a backend's own allreduce"),
+    (_all_gather_single_on_the_group, "all_gather_single is a collective"),
+])
+def test_routes_around_the_refused_collectives_are_refused_too(allreduce, refusal):
+    with pytest.raises(Exception, match=refusal):
+        run_world(ring.ring_trial, 2, 10, allreduce=allreduce)
+    # Outside the trial the backend is untouched.
+    assert run_world(lambda rank, world: _allreduce_on_the_backend(torch.ones(1)) == 0, 2) == [True, True]

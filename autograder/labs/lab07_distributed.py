@@ -224,7 +224,8 @@ INSTRUMENTS = tuple(f"fastdl_lab.distributed.{name}" for name in (
     "watch.AllReduceLog.phase_now", "watch.AllReduceLog.backward_began", "watch.AllReduceLog.mark",
     "zero.zero_trial", "zero._zero_run", "zero.watching_optimizers", "zero.StateWatch.observe",
     "zero.StateWatch.held", "ps.run_ps", "ring.ring_trial",
-    "ring.point_to_point_only", "ring.trial_input")) + (
+    "ring.point_to_point_only", "ring.trial_input", "ring.census", "ring.c10d", "census.refuse_backends",
+    "census.c10d")) + (
     "torch._C._distributed_c10d.ProcessGroup.allreduce", "torch._C._distributed_c10d.ProcessGroup.allreduce_coalesced",
     # Not the classes' step methods: torch wraps those itself when a class's first instance is built.
     "torch.optim.optimizer.register_optimizer_step_post_hook", "torch.optim.AdamW", "torch.optim.SGD", "torch.save")

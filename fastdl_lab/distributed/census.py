@@ -36,6 +36,7 @@ DATA_METHODS = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coal
                 "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_single_coalesced",
                 "reduce_scatter_tensor_coalesced", "broadcast", "reduce", "gather", "scatter", "alltoall",
                 "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource")
+POINT_TO_POINT = ("send", "recv", "recv_anysource")
 GATHERS = ("all_gather_single", "_allgather_base", "allgather")
 REDUCE_SCATTERS = ("reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter")
 
@@ -182,12 +183,31 @@ def _process_group_mode(counted: dict, refusal: str):
         for name in DATA_METHODS:
             if hasattr(c10d.ProcessGroup, name):
                 original = getattr(c10d.ProcessGroup, name)
-                patches.append((name, original))
+                patches.append((c10d.ProcessGroup, name, original))
                 setattr(c10d.ProcessGroup, name, counted[name](original) if name in counted else refuse(name))
+        patches += refuse_backends()
         yield
     finally:
-        for name, original in reversed(patches):
-            setattr(c10d.ProcessGroup, name, original)
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
+
+
+def refuse_backends() -> list[tuple[type, str, object]]:
+    """Make every data-moving method of a process group's backend (``pg._get_backend(device)``)
+    raise when called from Python: torch.distributed reaches its backends from C++, so only a
+    route around the process group's own methods ends here. Returns what to put back."""
+    patches = []
+
+    def refused(name):
+        def refuse(*args, **kwargs):
+            raise CollectiveRefused(f"a backend's own {name}: data moves through the process group, where it is counted")
+        return refuse
+
+    for name in DATA_METHODS:
+        if hasattr(c10d.Backend, name):
+            patches.append((c10d.Backend, name, getattr(c10d.Backend, name)))
+            setattr(c10d.Backend, name, refused(name))
+    return patches
 
 
 def _tensors(nested) -> list[torch.Tensor]:

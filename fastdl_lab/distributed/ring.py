@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from fastdl_lab import checks
+from fastdl_lab.distributed import census
+from fastdl_lab.distributed.census import CollectiveRefused
 from fastdl_lab.distributed.launch import rank_device, run_world
 
 
@@ -94,20 +96,16 @@ def ring_allreduce_ref(tensor: torch.Tensor) -> int:
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
                "all_to_all", "all_to_all_single", "gather", "scatter", "_all_gather_base", "_reduce_scatter_base")
-PROCESS_GROUP_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "allgather_into_tensor_coalesced",
-                             "_allgather_base", "reduce", "reduce_scatter", "_reduce_scatter_base", "broadcast",
-                             "alltoall", "alltoall_base", "gather", "scatter")
-SENDS = ("send", "isend")
-
-
-class CollectiveRefused(RuntimeError):
-    """A collective called inside a ring trial, where only point-to-point messages may move data."""
+# Every data-moving method of the process group but the point-to-point ones.
+PROCESS_GROUP_COLLECTIVES = tuple(name for name in census.DATA_METHODS if name not in census.POINT_TO_POINT)
 
 
 @contextlib.contextmanager
 def point_to_point_only():
-    """While it lasts: collectives raise, and every byte sent through ``send``/``isend`` (also in
-    ``batch_isend_irecv``) is counted here, by the transport's side rather than by the caller.
+    """While it lasts: collectives raise, and every byte sent is counted here, at the process
+    group's ``send`` (which ``send``, ``isend`` and ``batch_isend_irecv`` all reach, as does a call
+    on the group itself), by the transport's side rather than by the caller. A backend's own
+    methods, a way around the process group, raise.
 
     Yields a one-element list holding the count.
     """
@@ -124,9 +122,9 @@ def point_to_point_only():
         return refused
 
     def counting(original):
-        def counted(tensor, *args, **kwargs):
-            sent[0] += tensor.numel() * tensor.element_size()
-            return original(tensor, *args, **kwargs)
+        def counted(group, tensors, *args, **kwargs):
+            sent[0] += sum(t.numel() * t.element_size() for t in tensors)
+            return original(group, tensors, *args, **kwargs)
         return counted
 
     for name in COLLECTIVES:
@@ -137,12 +135,8 @@ def point_to_point_only():
     for name in PROCESS_GROUP_COLLECTIVES:
         if hasattr(c10d.ProcessGroup, name):
             patch(c10d.ProcessGroup, name, refuse(name))
-    for name in SENDS:
-        # One wrapper under both names: P2POp accepts only the very function torch.distributed
-        # exports, so the two must stay the same object.
-        wrapper = counting(getattr(dist.distributed_c10d, name))
-        for module in (dist, dist.distributed_c10d):
-            patch(module, name, wrapper)
+    patch(c10d.ProcessGroup, "send", counting(c10d.ProcessGroup.send))
+    patches += census.refuse_backends()
     try:
         yield sent
     finally:
