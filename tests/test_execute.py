@@ -74,10 +74,13 @@ def test_every_test_cell_is_an_engine_item(notebooks):
 
 
 def _bound(tree):
+    """Every name the cell binds, in any scope (functions' parameters and locals too)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.alias):
