@@ -64,6 +64,20 @@ def interpreting() -> bool:
 enable_interpreter_if_no_gpu()
 
 
+def capability(t: torch.Tensor | None = None) -> int | None:
+    """The NVIDIA compute capability a kernel launch on ``t`` compiles for, as ``10 * major + minor``
+    (80 for an A100, 90 for an H100), or None when kernels run under the interpreter on the CPU.
+
+    This is the one key every kernel module's ``default_config(..., capability)`` picks its launch
+    configuration by, so the configuration a launcher uses and the one the compiled-artefact checks
+    compile for sm_80 / sm_90 come from the same function.
+    """
+    if interpreting() or (t is not None and not t.is_cuda) or not has_gpu():
+        return None
+    major, minor = torch.cuda.get_device_capability(t.device if t is not None else None)
+    return 10 * major + minor
+
+
 # Triton's names for the floating types its kernels in this course take (PTX signatures use them).
 TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
