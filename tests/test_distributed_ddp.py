@@ -21,11 +21,6 @@ model_fn0 = functools.partial(ddp.rank_skewed_mlp, 1, 12, 24, 3, rank=0)
 PARAM_NUMELS = [p.numel() for p in model_fn0().parameters()]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def optimizers_imported():
-    ddp.preload_optimizers()
-
-
 @pytest.fixture(scope="module")
 def reference():
     return ddp.train_reference(model_fn0, DATA, STEPS, LR)

@@ -71,11 +71,6 @@ def model_fn():
     return ddp.small_mlp(3, 10, 20, 3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def optimizers_imported():
-    ddp.preload_optimizers()
-
-
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_zero1_is_bit_identical_to_the_unsharded_optimizer(world_size):
     per_rank = run_world(zero.zero_trial, world_size, model_fn, DATA, 3, RUNS)

@@ -51,7 +51,6 @@ def _label(case: dict) -> str:
 # --- DDP wrappers: per parameter, then bucketed ----------------------------------------------
 
 def _trials(cls, inputs: dict, buckets: bool) -> list:
-    ddp.preload_optimizers()
     return [run_world(watch.ddp_trial, c["world"], _model_fn(c), _data(c), c["steps"], c["lr"], sync=cls,
                       timeout_s=inputs["timeout_s"], **({"bucket_bytes": c["extra"]} if buckets else {}))
             for c in inputs["cases"]]
@@ -194,7 +193,6 @@ def _zero_model_fn(case: dict):
 
 def zero_drive(ns: dict, inputs: dict) -> list:
     cls = ns["Zero1"]
-    ddp.preload_optimizers()
     return [run_world(zero.zero_trial, c["world"], _zero_model_fn(c), _data(c), c["steps"], c["runs"], zero_cls=cls,
                       timeout_s=inputs["timeout_s"]) for c in inputs["cases"]]
 

@@ -267,12 +267,6 @@ def bucket_sizes(model: nn.Module, bucket_bytes: int) -> list[int]:
     return sizes + ([numel] if numel else [])
 
 
-def preload_optimizers() -> None:
-    """Build one optimizer before forking a world: torch imports its compiler stack on the first
-    optimizer a process builds (about 1.5 s), which every forked rank would otherwise pay again."""
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
-
-
 def _shard(data, rank: int, world_size: int):
     x, y = data
     if x.shape[0] % world_size:

@@ -323,6 +323,21 @@ class _World:
             conn.close()
 
 
+_compiler_stack_loaded = False
+
+
+def _load_compiler_stack_once() -> None:
+    """Build and step one optimizer before the first fork: torch imports its compiler stack
+    (torch._dynamo, about 1.5 s) on a process's first optimizer step, which every forked rank of
+    every world would otherwise pay again."""
+    global _compiler_stack_loaded
+    if not _compiler_stack_loaded:
+        param = torch.zeros(1, requires_grad=True)
+        param.grad = torch.zeros(1)
+        torch.optim.SGD([param], lr=0.0).step()
+        _compiler_stack_loaded = True
+
+
 def run_world(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 20.0, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; their results by rank.
 
@@ -348,6 +363,7 @@ def run_world(fn, world_size: int, *args, backend: str | None = None, timeout_s:
     backend = backend or "gloo"
     if backend == "nccl":
         _check_nccl_fork(world_size)
+    _load_compiler_stack_once()
     ctx = multiprocessing.get_context("fork")
     world = _World()
     try:

@@ -210,7 +210,7 @@ def overlap_problem(trials: list[dict], expected: list[int], steps: int, ordered
 def check() -> None:
     """Seen from outside on 2 ranks that start apart: both wrappers start every rank from rank 0's
     state, match single-process SGD, and launch one all-reduce per parameter or bucket in backward."""
-    from fastdl_lab.distributed.ddp import (BucketedDDP, bucket_sizes, make_regression, preload_optimizers,
+    from fastdl_lab.distributed.ddp import (BucketedDDP, bucket_sizes, make_regression,
                                             rank_skewed_mlp, train_reference)
     from fastdl_lab.distributed.launch import run_world
 
@@ -222,7 +222,6 @@ def check() -> None:
     def model_fn0():
         return rank_skewed_mlp(1, 12, 24, 3, rank=0)
 
-    preload_optimizers()
     reference = train_reference(model_fn0, data, 2, 0.1)
     trials = run_world(ddp_trial, 2, model_fn, data, 2, 0.1, sync=DDP)
     check_trials(trials, model_fn0, reference, "per-parameter")

@@ -35,7 +35,7 @@ from torch.optim.optimizer import _global_optimizer_post_hooks, register_optimiz
 
 from fastdl_lab import checks
 from fastdl_lab.distributed.ddp import (_detached_state, _loss, _shard, allreduce_gradients_ref, broadcast_state,
-                                        make_regression, preload_optimizers, small_mlp)
+                                        make_regression, small_mlp)
 from fastdl_lab.distributed.launch import rank_device, run_world
 
 # The optimizer classes a grader may name in its inputs (inputs carry names, not classes).
@@ -283,7 +283,6 @@ def check() -> None:
         return small_mlp(3, 10, 20, 3)
 
     runs = [("AdamW", {"lr": 0.01, "weight_decay": 0.1}), ("SGD", {"lr": 0.05, "momentum": 0.9})]
-    preload_optimizers()
     for world_size in (2, 3):
         per_rank = run_world(zero_trial, world_size, model_fn, data, 3, runs)
         for j, (opt_name, defaults) in enumerate(runs):
