@@ -4,7 +4,8 @@ Checks every module on small worlds first, then measures what ``distributed.BENC
 appends one row per measurement, with hardware columns, to ``benchmarks/results/distributed.csv``:
 a DDP step on 1 and 2 gloo ranks (naive, per-parameter and bucketed, with all-reduce calls per
 step), the ring all-reduce from send/recv against gloo's own (bytes sent per rank, time), and the
-optimizer state per rank of Adam sharded by Zero1 over 1, 2 and 4 ranks. NCCL rows need a GPU per rank and are skipped otherwise.
+optimizer state per rank of Adam sharded by Zero1 over 1, 2 and 4 ranks, and FSDP's bytes per rank
+(parameters, gradients, momentum, the most gathered at once) and collectives per step. NCCL rows need a GPU per rank and are skipped otherwise.
 
     python benchmarks/distributed.py [--reps 10] [--dry-run]
 """

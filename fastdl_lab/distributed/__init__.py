@@ -23,6 +23,7 @@ module also holds the benchmark spec that ``benchmarks/distributed.py`` runs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 
@@ -69,8 +70,10 @@ BENCHMARK = {
     "world_sizes": [1, 2],
     "bucket_bytes": [64 << 10, 1 << 20],
     "allreduce_numel": [1 << 10, 1 << 16, 1 << 20, 1 << 22],
+    "fsdp_dims": [256, 512, 512, 256],
     "columns": ["op", "variant", "backend", "world_size", "numel", "bucket_bytes", "allreduce_calls",
-                "bytes_sent", "state_bytes", "median_s", "iqr_s", "gbs"],
+                "bytes_sent", "param_bytes", "grad_bytes", "state_bytes", "other_units_gathered_bytes", "all_gathers",
+                "reduce_scatters", "median_s", "iqr_s", "gbs"],
 }
 
 
@@ -148,11 +151,38 @@ def _zero_rows(log) -> list[dict]:
     return rows
 
 
+def _fsdp_rows(log) -> list[dict]:
+    fsdp, ddp = _sub("fsdp"), _sub("ddp")
+    dims = BENCHMARK["fsdp_dims"]
+    data = ddp.make_regression(0, 64, dims[0], dims[-1])
+    model_fn = functools.partial(fsdp.unit_mlp, 0, dims)
+    numel = sum(p.numel() for p in model_fn().parameters())
+    rows = []
+    for world_size in (1, 2, 4):
+        for variant, compute_dtype, prefetch in (("fp32", None, False), ("fp32, prefetch", None, True),
+                                                 ("bf16 compute, fp32 shards", torch.bfloat16, False)):
+            steps = 2
+            r = run_world(fsdp.train_fsdp, world_size, model_fn, data, steps, 0.1, compute_dtype=compute_dtype,
+                          prefetch=prefetch)[0]
+            memory, wire = r["memory"], r["wire"]
+            rows.append(_row(op="fsdp_step", variant=variant, backend="gloo", world_size=world_size, numel=numel,
+                             param_bytes=memory["param_bytes"], grad_bytes=memory["grad_bytes"],
+                             state_bytes=memory["state_bytes"], other_units_gathered_bytes=wire["max_live_bytes"],
+                             all_gathers=wire["all_gathers"] // steps, reduce_scatters=wire["reduce_scatters"] // steps))
+            log(f"fsdp {variant:>26} on {world_size} rank(s): parameters {memory['param_bytes']} B, gradients "
+                f"{memory['grad_bytes']} B, momentum {memory['state_bytes']} B per rank of {4 * numel} B; "
+                f"other units gathered at a gather: at most {wire['max_live_bytes']} B; {wire['all_gathers'] // steps} all-gathers and "
+                f"{wire['reduce_scatters'] // steps} reduce-scatters per step")
+    return rows
+
+
 def benchmark(reps: int = 10, log: Callable[[str], None] = print) -> list[dict]:
-    """Step times, collective bytes and times, optimizer state per rank; one dict per measurement."""
+    """Step times, collective bytes and times, optimizer state per rank, FSDP's bytes per rank and
+    collectives per step; one dict per measurement."""
     rows = _ddp_rows("gloo", BENCHMARK["world_sizes"], reps, log)
     rows += _allreduce_rows("gloo", reps, log)
     rows += _zero_rows(log)
+    rows += _fsdp_rows(log)
     if torch.cuda.device_count() >= 2 and not torch.cuda.is_initialized():
         rows += _ddp_rows("nccl", [2], reps, log)
         rows += _allreduce_rows("nccl", reps, log)
