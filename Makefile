@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Every target creates .venv on first use; every cache lives under build/cache.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Any Python from 3.11 to 3.13 (pyproject's requires-python); the first of these found, else PYTHON=...
+PYTHON ?= $(firstword $(foreach p,python3.11 python3.12 python3.13 python3,$(shell command -v $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 BUILD := $(CURDIR)/build
@@ -23,10 +24,12 @@ export MPLBACKEND := Agg
 # npm's own download cache, kept with the others rather than in $HOME.
 export npm_config_cache := $(CACHE)/npm-cache
 
-.PHONY: demo test test-e2e lab lab-instructor grade progress build venv clean sandbox-tool hub hub-proxy slides slides-tool browser-tool
+.PHONY: demo test test-e2e lab lab-instructor grade progress build venv clean sandbox-tool c-compiler hub hub-proxy slides slides-tool browser-tool bench-gpu
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON) (Python 3.11)"; exit 1; }
+	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' || \
+	  { echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the course needs 3.11 to 3.13 (say PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat
 	touch $@
@@ -54,6 +57,22 @@ sandbox-tool:
 browser-tool:
 	$(call apt-tool,chromium,chromium,the browser of the browser tests,Until then the browser tests are skipped.)
 
+# On a GPU host Triton compiles a small C launcher the first time a kernel runs, with $CC, gcc or
+# clang (what triton/runtime/build.py looks for); without one every first launch fails. A CPU host
+# runs kernels under the interpreter and needs none.
+c-compiler:
+	@if nvidia-smi -L >/dev/null 2>&1 && ! { [ -n "$$CC" ] && command -v $${CC%% *} >/dev/null; } \
+	    && ! command -v gcc >/dev/null && ! command -v clang >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing gcc: Triton builds its kernel launcher with it on this GPU host"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null; \
+	  else \
+	    echo "This GPU host has no C compiler (CC, gcc or clang), which Triton needs to launch any kernel:" \
+	         "run 'sudo apt-get install gcc', or 'conda install -c conda-forge gcc' in the conda environment," \
+	         "or set CC. Until then every Triton kernel fails on its first launch."; \
+	  fi; \
+	fi
+
 # Lecture decks: Marp CLI from the npm registry, installed under build/cache (nothing global).
 MARP_CLI_VERSION := 4.5.1
 NPM_PREFIX := $(CACHE)/npm
@@ -77,7 +96,7 @@ slides: $(STAMP) slides-tool
 	rm -rf $(BUILD)/slides
 	$(BIN)/python slides/build_decks.py $(BUILD)/slides
 
-demo: $(STAMP) sandbox-tool
+demo: $(STAMP) sandbox-tool c-compiler
 	$(BIN)/python -m autograder demo
 
 # The suite, under 20 minutes on two cores; the end-to-end tests (a real JupyterHub, a real
@@ -85,14 +104,14 @@ demo: $(STAMP) sandbox-tool
 # busy at a time, so two workers share the files (each file on one worker: its module fixtures
 # are made once); the graded demo class, the longest file, starts first (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: $(STAMP) sandbox-tool
+test: $(STAMP) sandbox-tool c-compiler
 	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
 	$(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-e2e: $(STAMP) sandbox-tool hub-proxy browser-tool
 	$(BIN)/python -m pytest -m e2e
 
-build: $(STAMP) sandbox-tool
+build: $(STAMP) sandbox-tool c-compiler
 	$(BIN)/python -m autograder build
 
 # Student mode: the release notebooks, copied once into the working folder (work/, kept by
@@ -116,7 +135,7 @@ lab-instructor: $(STAMP)
 	  --ContentsManager.default_jupytext_formats="py:percent"
 
 # Self-grading of the working copy: make grade LAB=02; make progress shows every lab.
-grade: $(STAMP) sandbox-tool
+grade: $(STAMP) sandbox-tool c-compiler
 	@test -n "$(LAB)" || { echo "say which lab: make grade LAB=02"; exit 2; }
 	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder check $(LAB)
 
@@ -144,8 +163,18 @@ hub-proxy:
 	  fi; }
 
 # The course's JupyterHub on 127.0.0.1:8000 to try it (deploy/trial.py; HUB_ARGS="--port 8001 --rebuild").
-hub: $(STAMP) sandbox-tool hub-proxy
+hub: $(STAMP) sandbox-tool hub-proxy c-compiler
 	$(BIN)/python deploy/trial.py $(HUB_ARGS)
 
 clean:
 	rm -rf $(BUILD)
+
+# On a GPU host, in under ten minutes: the gpu-marked tests, every benchmark's GPU spec, rows with
+# the GPU's name, driver and clocks in benchmarks/results/, and a proposal of speed thresholds for
+# the GPU's profile (benchmarks/results/calibration_<profile>.json) for a person to review. On a
+# CPU host it says so and succeeds. Runs from the source tree with .venv's Python if there is one,
+# else $(PYTHON) as it is (a GPU image's own torch and Triton): nothing is installed. An exported
+# TRITON_INTERPRET is dropped: it would run every kernel on the CPU.
+BENCH_PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+bench-gpu:
+	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) $(BENCH_PYTHON) benchmarks/gpu.py $(BENCH_ARGS)

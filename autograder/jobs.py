@@ -26,7 +26,7 @@ from pathlib import Path
 
 from autograder import notebook, records
 from autograder.course import Course, tool_env, write_config
-from autograder.engine import kernel_jail
+from autograder.engine import bwrap, kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import Limits, run_sandboxed
@@ -73,7 +73,15 @@ class JobResult:
 
 
 def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[str, str]:
-    env = tool_env()
+    """nbgrader's own environment. Its jailed kernel starts from ``bwrap.environment`` alone, but an
+    unisolated kernel inherits this one, so what decides where kernels run is set here as for a
+    grading child (``bwrap.device_environment``), never inherited: a TRITON_INTERPRET=1 exported in
+    the instructor's shell would otherwise make every launcher refuse CUDA tensors on a GPU host."""
+    # Triton's switches change what a kernel does (TRITON_INTERPRET, TRITON_DEBUG, ...); its cache
+    # folder only where it keeps what it compiled.
+    env = {var: value for var, value in tool_env().items()
+           if not var.startswith("TRITON_") or var == "TRITON_CACHE_DIR"}
+    env.update(bwrap.device_environment(bool(profile.get("gpu"))))
     env[kernel_jail.STUDENT_PACKAGE_VAR] = str(student_package)
     # nbgrader's run is the student's own test record, not the grade: the notebook's ungraded
     # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the

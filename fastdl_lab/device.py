@@ -28,6 +28,7 @@ import importlib.metadata
 import os
 import platform
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -340,6 +341,79 @@ def measure_roofline(*, copy_bytes: int | None = None, matmul_n: int | None = No
 
 
 # --------------------------------------------------------------------------------------------
+# What a GPU host lacks
+
+# The oldest Linux driver each CUDA major version of a torch build runs on (NVIDIA's CUDA
+# compatibility table: minor-version compatibility within a major version). An older driver makes
+# torch report no GPU at all, so the GPU that nvidia-smi lists goes unused.
+MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580, 65, 6)}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What :func:`host_problems` judges, gathered by :func:`host_facts` (or made up in a test)."""
+
+    torch_gpu: bool  # torch sees a CUDA device
+    driver: str | None  # the kernel driver's version from nvidia-smi; None: no NVIDIA driver here
+    torch_cuda: str | None  # the CUDA version torch was built with; None: a CPU build
+    c_compiler: str | None  # what Triton would build its launcher with; None: nothing found
+    triton_interpret: str | None  # TRITON_INTERPRET as set in the environment
+    triton: str | None  # Triton's installed version
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def find_c_compiler(environ: dict[str, str] | None = None) -> str | None:
+    """The compiler Triton builds its launcher with on Linux: ``$CC``, else ``gcc``, else ``clang``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CC", "").strip():
+        return shutil.which(environ["CC"].split()[0])
+    return shutil.which("gcc") or shutil.which("clang")
+
+
+def host_problems(facts: HostFacts) -> list[str]:
+    """What keeps compiled Triton kernels from running on this host, one sentence each with the fix.
+
+    Empty on a CPU-only machine without an NVIDIA driver: there the interpreter is the plan.
+    """
+    problems = []
+    if facts.driver and not facts.torch_gpu:
+        if facts.torch_cuda is None:
+            problems.append(f"an NVIDIA driver ({facts.driver}) is here but torch is a CPU build: install a "
+                            "CUDA build of torch")
+        else:
+            major = _version_tuple(facts.torch_cuda)[0]
+            needed = MIN_DRIVER.get(major)
+            if needed and _version_tuple(facts.driver) < needed:
+                problems.append(f"driver {facts.driver} is too old for torch built with CUDA {facts.torch_cuda} "
+                                f"(needs {'.'.join(map(str, needed))} or newer): update the driver or install "
+                                "a torch built for an older CUDA")
+            else:
+                problems.append(f"an NVIDIA driver ({facts.driver}) is here but torch sees no GPU: check "
+                                "CUDA_VISIBLE_DEVICES and that /dev/nvidia* is readable")
+    if not facts.torch_gpu:
+        return problems
+    if (facts.triton_interpret or "").strip().lower() in _TRUTHY:
+        problems.append(f"TRITON_INTERPRET={facts.triton_interpret} although a GPU is present: every launcher "
+                        "runs on the CPU and refuses CUDA tensors; unset it")
+    if facts.triton is None:
+        problems.append("Triton is not installed: the course's kernels cannot compile")
+    elif facts.c_compiler is None:
+        problems.append("no C compiler (CC, gcc or clang): Triton builds its launcher with one the first time "
+                        "a kernel runs; 'apt-get install gcc', or 'conda install gcc' in the conda environment")
+    return problems
+
+
+def host_facts() -> HostFacts:
+    gpu = has_gpu()
+    return HostFacts(torch_gpu=gpu, driver=info().driver if gpu else _driver_version(),
+                     torch_cuda=torch.version.cuda, c_compiler=find_c_compiler(),
+                     triton_interpret=os.environ.get("TRITON_INTERPRET"), triton=_package_version("triton"))
+
+
+# --------------------------------------------------------------------------------------------
 # Summary
 
 
@@ -372,4 +446,5 @@ def describe() -> str:
     elif d.kind == "cuda":
         lines.append("datasheet no peak figures known for this GPU")
     lines.append(f"profile   {profile_name()}")
+    lines += [f"MISSING   {problem}" for problem in host_problems(host_facts())]
     return "\n".join(lines)

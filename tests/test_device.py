@@ -1,5 +1,7 @@
+import dataclasses
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -121,3 +123,47 @@ def test_kernel_tensor_gate_names_the_problem():
     with pytest.raises(ValueError, match="bfloat16"):
         device.check_kernel_tensor(torch.zeros(2, dtype=torch.bfloat16))
     assert device.TRITON_TYPES[torch.float32] == "fp32"
+
+
+# Host set-up: what a GPU host lacks, judged from facts given as arguments.
+GPU_HOST = device.HostFacts(torch_gpu=True, driver="580.95.05", torch_cuda="13.0", c_compiler="/usr/bin/gcc",
+                            triton_interpret=None, triton="3.6.0")
+
+
+def test_a_ready_gpu_host_and_a_plain_cpu_host_lack_nothing():
+    assert device.host_problems(GPU_HOST) == []
+    cpu = device.HostFacts(torch_gpu=False, driver=None, torch_cuda=None, c_compiler=None,
+                           triton_interpret="1", triton="3.7.1")
+    assert device.host_problems(cpu) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"triton_interpret": "1"}, "TRITON_INTERPRET=1 although a GPU is present"),
+    ({"triton_interpret": " True "}, "unset it"),
+    ({"c_compiler": None}, "no C compiler"),
+    ({"triton": None}, "Triton is not installed"),
+    ({"torch_gpu": False, "driver": "575.51.03"}, "driver 575.51.03 is too old for torch built with CUDA 13.0 "
+                                                  "(needs 580.65.6"),
+    ({"torch_gpu": False, "driver": "535.104.05", "torch_cuda": "12.8"}, "torch sees no GPU"),
+    ({"torch_gpu": False, "torch_cuda": None}, "torch is a CPU build"),
+])
+def test_a_gpu_host_is_told_what_it_lacks(change, expected):
+    problems = device.host_problems(dataclasses.replace(GPU_HOST, **change))
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_interpreter_off_is_no_problem_on_a_gpu_host():
+    assert device.host_problems(dataclasses.replace(GPU_HOST, triton_interpret="0")) == []
+
+
+def test_the_c_compiler_is_found_as_triton_finds_it(monkeypatch):
+    assert device.find_c_compiler({"CC": "no-such-compiler-here -O2"}) is None
+    assert device.find_c_compiler({"CC": "sh -c"}) == shutil.which("sh")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert device.find_c_compiler({}) is None
+
+
+def test_describe_names_what_is_missing(monkeypatch):
+    facts = dataclasses.replace(GPU_HOST, torch_gpu=False, driver="470.57.02", torch_cuda="12.1")
+    monkeypatch.setattr(device, "host_facts", lambda: facts)
+    assert "MISSING   driver 470.57.02 is too old" in device.describe()

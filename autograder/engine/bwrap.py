@@ -135,22 +135,46 @@ def command(argv: list[str], view: View) -> list[str]:
     return args + argv
 
 
+# The host's variables a process running course code gets, by name, and why. Everything else of
+# the grader's environment stays behind: an inherited TRITON_INTERPRET=1 would make every launcher
+# refuse CUDA tensors on a GPU host, and TRITON_DEBUG, TRITON_ALWAYS_COMPILE, PYTORCH_* and the like
+# would change what is measured.
+HOST_VARS = {
+    "CUDA_VISIBLE_DEVICES": "which GPUs the grader was given",
+    "LD_LIBRARY_PATH": "where libcuda.so is when the loader's cache does not list it",
+    "CUDA_HOME": "the CUDA toolkit torch.utils.cpp_extension builds lab 09's CUDA C++ with",
+    "CC": "the C compiler Triton builds its launcher with on first use (else gcc, else clang on PATH)",
+    "CXX": "the C++ compiler of lab 09's extensions (torch.utils.cpp_extension)",
+    "TRITON_LIBCUDA_PATH": "Triton's own pointer to libcuda.so's folder, for hosts where it cannot find it",
+    "TRITON_PTXAS_PATH": "a ptxas newer than the one Triton bundles, for a GPU newer than that ptxas",
+    "TRITON_CUDART_PATH": "the CUDA headers the launcher is built against, where a Triton build (conda-forge's) "
+                          "bundles none",
+    "TRITON_CUDACRT_PATH": "the same, for the CUDA C runtime headers",
+}
+
+
+def device_environment(gpu: bool, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """How course code finds (or is kept from) the GPU: the :data:`HOST_VARS` that are set, and on
+    a profile without a GPU the interpreter on and no device visible. TRITON_INTERPRET never comes
+    from the host."""
+    environ = os.environ if environ is None else environ
+    env = {var: environ[var] for var in HOST_VARS if var in environ}
+    if not gpu:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
 def environment(*, gpu: bool, home: str = JOB, tmp: str = "/tmp", **extra: str) -> dict[str, str]:
     """What every process that runs student code starts from: nothing of the grader's own
-    environment but the search path and, on GPU hosts, how to find CUDA. Without a GPU, Triton
-    runs its interpreter and torch sees no device."""
+    environment but the search path and :func:`device_environment`. Without a GPU, Triton runs
+    its interpreter and torch sees no device."""
     # Compiler caches live in the private work directory: a build one submission left behind can
     # never be loaded by another's (Triton kernels, C++ extensions built with load_inline).
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": tmp,
            "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
            "TORCH_EXTENSIONS_DIR": os.path.join(home, ".torch_extensions"), **extra}
-    if not gpu:
-        env["TRITON_INTERPRET"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    for var in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME"):
-        if var in os.environ and var not in env:
-            env[var] = os.environ[var]
-    return env
+    return {**device_environment(gpu), **env}
 
 
 def prepare_workdir(path: str) -> None:
