@@ -313,10 +313,12 @@ def bench(fn: Callable, *, warmup: int = 3, reps: int = 20, min_run_s: float = 0
 
 def compare(candidate: Callable, baseline: Callable, *, warmup: int = 3, reps: int = 20,
             threads: int | None = None, flush_l2: bool | None = None,
-            seed: int = 0, phase: Callable[[str], None] | None = None) -> Comparison:
+            seed: int = 0, phase: Callable[[str], None] | None = None,
+            min_run_s: float = 0.0) -> Comparison:
     """A/B-time two callables interleaved call by call, each pair in a seeded random order.
-    ``phase``: told "start" and "end" around the timed samples (after the warm-up)."""
-    cand, base = _measure([candidate, baseline], warmup=warmup, reps=reps, min_run_s=0.0,
+    ``phase``: told "start" and "end" around the timed samples (after the warm-up).
+    ``min_run_s``: whole rounds are added until each side's timed calls total this long."""
+    cand, base = _measure([candidate, baseline], warmup=warmup, reps=reps, min_run_s=min_run_s,
                           threads=threads, flush_l2=flush_l2, sync=None,
                           rng=random.Random(seed), phase=phase)
     return Comparison.from_timings(cand, base, seed=seed)

@@ -143,3 +143,8 @@ def test_host_clock_path_announces_the_phase_after_the_warm_up():
                    phase=seen.append)
     start, end = seen.index("start"), seen.index("end")
     assert start >= 4 and end == len(seen) - 1 and seen.count("start") == seen.count("end") == 1
+
+
+def test_compare_adds_whole_rounds_until_each_side_has_run_min_run_s(fake):
+    result = timing.compare(lambda: fake.launch(1e-3), lambda: fake.launch(2e-3), warmup=0, reps=3, min_run_s=0.01)
+    assert result.candidate.n == result.baseline.n == 12  # 4 rounds: the candidate's 1 ms calls set the pace

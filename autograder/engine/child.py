@@ -164,7 +164,8 @@ def _timed(item, ns: dict, inputs: dict, params: dict, compare, announce) -> dic
 
     cmp = compare(run_candidate, baseline, warmup=int(params.get("warmup", DEFAULT_WARMUP)),
                   reps=int(params.get("reps", DEFAULT_REPS)),
-                  seed=int(params.get("order_seed", 0)), phase=announce)
+                  seed=int(params.get("order_seed", 0)), phase=announce,
+                  min_run_s=float(params.get("min_run_s", 0.0)))
     return {"outputs": result["outputs"], "candidate_s": list(cmp.candidate.samples),
             "baseline_s": list(cmp.baseline.samples), "candidate_batch": cmp.candidate.batch,
             "baseline_batch": cmp.baseline.batch}

@@ -10,6 +10,9 @@ clock as it arrives. ``cross_check`` then compares what the child says it timed 
 time. It catches samples inflated past the phase they were taken in (a baseline made to look
 slow) and samples shrunk to nothing (a forged clock); a forgery within the tolerances is not
 caught here, which is why the instruments are also bound before student code runs (``child.py``).
+Below about a second of timed calls the absolute tolerance dominates and only gross inflation is
+caught: a speed item's ``min_run_s`` (profile parameter; whole rounds are added until each side has
+run that long) makes the phase long enough for the relative tolerance to bite.
 """
 
 from __future__ import annotations
