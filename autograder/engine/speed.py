@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from fastdl_lab.timing import MAX_BATCH
+
 # A line no print of ordinary text produces: the record separator, then the grader's name.
 MARK = b"\x1efastdl-timing:"
 PHASES = ("start", "end")
@@ -31,7 +33,6 @@ ABS_TOLERANCE_S = 0.05
 # flushes; on the host clock nothing else happens). Under a hundredth of it, the samples are not
 # the calls' times.
 FLOOR = 0.01
-MAX_BATCH = 10_000  # fastdl_lab.timing.MAX_BATCH, the most calls one host sample may hold
 ROLES = ("candidate", "baseline")
 # What a profile that names no warm-up or repetitions for a speed item gets.
 DEFAULT_WARMUP = 3
