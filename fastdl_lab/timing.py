@@ -3,9 +3,15 @@
 Rules it enforces (lab 00 teaches why):
 
 * warm-up calls are run and discarded, so JIT compilation and autotuning are never timed;
-* on a GPU each call is bracketed by CUDA events on the current stream and the host synchronises
-  once after the whole round, so the timer measures device work and not launch latency; L2 is
-  flushed before every call so each one starts cold, as it would inside a real model;
+* on a GPU each call is bracketed by CUDA events on the current stream, recorded right after the
+  call is launched, and the host synchronises the whole device once after the round, so calls
+  queue up back to back and the timer measures device work, not launch latency or host gaps; L2
+  is flushed before every call (outside its events) so each one starts cold, as it would inside
+  a real model. Work counts when it is ordered before the end event: on the current stream, or
+  on a side stream the call joins back to it (``wait_stream``), the contract every caller of a
+  CUDA op relies on; or work the call waits for on the host before it returns (the end event is
+  queued after that). A call that leaves work running on another stream after its own stream is
+  done would escape its events, so it is refused (``UnjoinedWork``), see ``_device_tail``;
 * on the CPU each sample is ``time.perf_counter`` around the call. A call shorter than
   ``MIN_SAMPLE_S`` is repeated ``k`` times inside one sample and the sample is the total over
   ``k``, with ``k`` chosen from the last warm-up call, because a timer read and a Python loop step
@@ -36,6 +42,26 @@ from fastdl_lab import device
 MIN_SAMPLE_S = 100e-6
 MAX_BATCH = 10_000
 DEFAULT_FLUSH_BYTES = 256 << 20
+# How long the device may stay busy once the timed stream is done (beyond what synchronising an
+# idle device costs) before the work still running is called unjoined: above the jitter of a
+# synchronize, below any kernel worth hiding.
+UNJOINED_TAIL_S = 200e-6
+
+# The instruments, bound when this module is imported. The grading child imports it before any
+# student code exists and checks afterwards that none of these was replaced, so rebinding
+# time.perf_counter or torch.cuda.Event's methods later cannot reach the clock.
+_perf_counter = time.perf_counter
+_Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_elapsed_ms = torch.cuda.Event.elapsed_time
+_wait_event = torch.cuda.Event.synchronize
+_synchronize = torch.cuda.synchronize
+INSTRUMENTS = ("time.perf_counter", "torch.cuda.Event", "torch.cuda.Event.record", "torch.cuda.Event.elapsed_time",
+               "torch.cuda.Event.synchronize", "torch.cuda.synchronize")
+
+
+class UnjoinedWork(RuntimeError):
+    """A timed call left work on another stream that its end event does not wait for."""
 
 # --------------------------------------------------------------------------------------------
 # Results
@@ -152,36 +178,65 @@ def _flusher(enabled: bool) -> Callable[[], None]:
     return buffer.zero_
 
 
-def _host_sample(fn: Callable, k: int, sync: bool) -> Callable[[], float]:
+def _host_sample(fn: Callable, k: int, sync: bool) -> tuple[Callable[[], float], None]:
     if sync:
         device.synchronize()
-    start = time.perf_counter()
+    start = _perf_counter()
     for _ in range(k):
         fn()
     if sync:
         device.synchronize()
-    elapsed = (time.perf_counter() - start) / k
-    return lambda: elapsed
+    elapsed = (_perf_counter() - start) / k
+    return (lambda: elapsed), None
 
 
-def _event_sample(fn: Callable, k: int, sync: bool) -> Callable[[], float]:
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
+def _event_sample(fn: Callable, k: int, sync: bool) -> tuple[Callable[[], float], torch.cuda.Event]:
+    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+    _record(start)
     for _ in range(k):
         fn()
-    # A device-wide sync before the end event: work a call hid on a side stream still counts.
-    device.synchronize()
-    end.record()
-    # Read only after the round's single synchronize; elapsed_time is in milliseconds.
-    return lambda: start.elapsed_time(end) / 1e3 / k
+    # The end event goes in right behind the call: a synchronize here would leave the device
+    # idle until the host queued the event, and the sample would time the host. Nothing waits
+    # in the middle of a round; _measure synchronises the device once after its last call.
+    _record(end)
+    # Read only after the round's synchronize; elapsed_time is in milliseconds.
+    return (lambda: _elapsed_ms(start, end) / 1e3 / k), end
+
+
+def _device_tail(after: torch.cuda.Event) -> float:
+    """Seconds the device stays busy once ``after`` (the last end event) has completed, less what
+    synchronising an idle device costs: the time of work left on other streams."""
+    _wait_event(after)
+    began = _perf_counter()
+    _synchronize()
+    busy = _perf_counter() - began
+    began = _perf_counter()
+    _synchronize()
+    return busy - (_perf_counter() - began)
+
+
+def _check_joined(after: torch.cuda.Event, what: str) -> None:
+    tail = _device_tail(after)
+    if tail > UNJOINED_TAIL_S:
+        raise UnjoinedWork(f"{what} left {tail * 1e3:.2f} ms of work on another stream after its end event: join the "
+                           "side stream to the current one (torch.cuda.current_stream().wait_stream(side)) so the "
+                           "timer sees it")
+
+
+def _probe_streams(fn: Callable) -> None:
+    """Refuse ``fn`` if one call leaves work running beyond its own stream (see UnjoinedWork)."""
+    _synchronize()
+    end = _Event()
+    fn()
+    _record(end)
+    _check_joined(end, "one call")
 
 
 def _warm_up(fn: Callable, warmup: int, sync: bool) -> float | None:
     """Run the warm-up calls; return how long the last one took on the host (None if none)."""
     last = None
     for _ in range(warmup):
-        last = _host_sample(fn, 1, sync)()
+        last = _host_sample(fn, 1, sync)[0]()
     return last
 
 
@@ -193,8 +248,12 @@ def _batch_size(last_call_s: float | None) -> int:
 
 def _measure(fns: list[Callable], *, warmup: int, reps: int, min_run_s: float,
              threads: int | None, flush_l2: bool | None, sync: bool | None,
-             rng: random.Random | None) -> list[Timing]:
-    """Time every fn ``reps`` times (more rounds while under ``min_run_s``), interleaved."""
+             rng: random.Random | None, phase: Callable[[str], None] | None = None) -> list[Timing]:
+    """Time every fn ``reps`` times (more rounds while under ``min_run_s``), interleaved.
+
+    ``phase("start")`` is called once the warm-up is over and ``phase("end")`` once the last
+    sample is read: the grader's parent clocks the timed phase between the two.
+    """
     if reps < 1 or warmup < 0:
         raise ValueError(f"need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
     gpu = device.has_gpu()
@@ -206,21 +265,32 @@ def _measure(fns: list[Callable], *, warmup: int, reps: int, min_run_s: float,
     with _num_threads(threads):
         last_warm = [_warm_up(fn, warmup, host_sync) for fn in fns]
         batches = [1 if use_events else _batch_size(t) for t in last_warm]
+        if use_events:
+            for fn in fns:
+                _probe_streams(fn)
+        if phase is not None:
+            phase("start")
         while True:
             pending: list[list[Callable[[], float]]] = [[] for _ in fns]
+            last_end = None
             for _ in range(reps):
                 order = list(range(len(fns)))
                 if rng is not None:
                     rng.shuffle(order)
                 for i in order:
                     flush()
-                    pending[i].append(sample(fns[i], batches[i], host_sync))
+                    read, last_end = sample(fns[i], batches[i], host_sync)
+                    pending[i].append(read)
             if use_events:
-                device.synchronize()
+                # The round's one device-wide synchronize, after its last end event: it drains
+                # every stream before any event is read, and refuses work left running past it.
+                _check_joined(last_end, "a round of timed calls")
             for i, round_samples in enumerate(pending):
                 samples[i].extend(read() for read in round_samples)
             if min(sum(s) * b for s, b in zip(samples, batches)) >= min_run_s:
                 break
+    if phase is not None:
+        phase("end")
     return [Timing(s, batch=b) for s, b in zip(samples, batches)]
 
 
@@ -243,11 +313,14 @@ def bench(fn: Callable, *, warmup: int = 3, reps: int = 20, min_run_s: float = 0
 
 def compare(candidate: Callable, baseline: Callable, *, warmup: int = 3, reps: int = 20,
             threads: int | None = None, flush_l2: bool | None = None,
-            seed: int = 0) -> Comparison:
-    """A/B-time two callables interleaved call by call, each pair in a seeded random order."""
-    cand, base = _measure([candidate, baseline], warmup=warmup, reps=reps, min_run_s=0.0,
+            seed: int = 0, phase: Callable[[str], None] | None = None,
+            min_run_s: float = 0.0) -> Comparison:
+    """A/B-time two callables interleaved call by call, each pair in a seeded random order.
+    ``phase``: told "start" and "end" around the timed samples (after the warm-up).
+    ``min_run_s``: whole rounds are added until each side's timed calls total this long."""
+    cand, base = _measure([candidate, baseline], warmup=warmup, reps=reps, min_run_s=min_run_s,
                           threads=threads, flush_l2=flush_l2, sync=None,
-                          rng=random.Random(seed))
+                          rng=random.Random(seed), phase=phase)
     return Comparison.from_timings(cand, base, seed=seed)
 
 

@@ -16,6 +16,11 @@ The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus ei
 Then it runs the item's ``drive`` once (mode "check"), or times the item's candidate against its
 baseline with ``fastdl_lab.timing.compare`` (mode "speed"; only kernel items are timed, so only
 trusted Python runs while the clock does, or extracted artefacts), and saves the outputs.
+
+In mode "speed" the timing module and the clocks it reads are bound before any student code
+exists here and verified unchanged before and after the timed phase (a replaced one is
+``tampered``); the phase's start and end are announced on stdout (``speed.marker``) so the parent
+clocks it too and can refuse samples its own clock contradicts (``speed.cross_check``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ import sys
 import traceback
 
 ERROR_CHARS = 2000
+# The timing harness's own functions and the clocks it bound at import (timing.INSTRUMENTS names
+# the library attributes they came from).
+TIMING_FUNCTIONS = ("compare", "_measure", "_num_threads", "_warm_up", "_batch_size", "_flusher", "_host_sample",
+                    "_event_sample", "_device_tail", "_check_joined", "_probe_streams", "_perf_counter", "_Event",
+                    "_record", "_elapsed_ms", "_wait_event", "_synchronize")
 
 
 class Tampered(Exception):
@@ -127,8 +137,24 @@ def _artefact_namespace(job: dict, workdir: str, kernels: dict) -> dict:
     return ns
 
 
-def _timed(item, ns: dict, inputs: dict, params: dict) -> dict:
+def _speed_instruments() -> tuple[str, ...]:
     from fastdl_lab import timing
+
+    return tuple(f"fastdl_lab.timing.{name}" for name in TIMING_FUNCTIONS) + timing.INSTRUMENTS
+
+
+def _announcer():
+    """Writes the phase markers straight to the output pipe with functions bound now, before
+    student code could replace them; the newline first ends any line left unfinished."""
+    from autograder.engine import speed
+
+    write = os.write
+    markers = {phase: b"\n" + speed.marker(phase) for phase in speed.PHASES}
+    return lambda phase: write(1, markers[phase])
+
+
+def _timed(item, ns: dict, inputs: dict, params: dict, compare, announce) -> dict:
+    from autograder.engine.speed import DEFAULT_REPS, DEFAULT_WARMUP
 
     candidate, baseline = item.timed(ns, inputs), item.baseline(ns, inputs)
     result = {}
@@ -136,10 +162,13 @@ def _timed(item, ns: dict, inputs: dict, params: dict) -> dict:
     def run_candidate():
         result["outputs"] = candidate()
 
-    cmp = timing.compare(run_candidate, baseline, warmup=int(params.get("warmup", 3)),
-                         reps=int(params.get("reps", 15)), seed=int(params.get("order_seed", 0)))
+    cmp = compare(run_candidate, baseline, warmup=int(params.get("warmup", DEFAULT_WARMUP)),
+                  reps=int(params.get("reps", DEFAULT_REPS)),
+                  seed=int(params.get("order_seed", 0)), phase=announce,
+                  min_run_s=float(params.get("min_run_s", 0.0)))
     return {"outputs": result["outputs"], "candidate_s": list(cmp.candidate.samples),
-            "baseline_s": list(cmp.baseline.samples)}
+            "baseline_s": list(cmp.baseline.samples), "candidate_batch": cmp.candidate.batch,
+            "baseline_batch": cmp.baseline.batch}
 
 
 def _write_error(workdir: str, status: str, exc: BaseException) -> None:
@@ -158,10 +187,19 @@ def main(workdir: str) -> int:
 
     item = load_lab(job["lab"]).item(job["item"])
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
-    instruments = _Instruments(tuple(job.get("instruments", ())))
+    speed = job["mode"] == "speed"
+    if speed:
+        from fastdl_lab import timing
+
+        compare, announce = timing.compare, _announcer()
+    instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if speed else ()))
     try:
         ns = _namespace(job, workdir)
-        outputs = item.drive(ns, inputs) if job["mode"] == "check" else _timed(item, ns, inputs, job["params"])
+        if speed:
+            instruments.verify()  # before the clock starts: a patched clock never times anything
+            outputs = _timed(item, ns, inputs, job["params"], compare, announce)
+        else:
+            outputs = item.drive(ns, inputs)
         instruments.verify()
     except Tampered as exc:
         _write_error(workdir, "tampered", exc)

@@ -29,7 +29,7 @@ import torch
 import autograder
 from autograder import notebook, profiles
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, kernels
+from autograder.engine import artefacts, bwrap, kernels, speed
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -162,14 +162,15 @@ class _Workdir:
 
 def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox) -> ChildResult:
     env = _child_env(sandbox, work.path)
+    mark = speed.MARK if work.job["mode"] == "speed" else None
     if not sandbox.isolated:
         argv = [sys.executable, "-m", "autograder.engine.child", work.path]
-        return run_sandboxed(argv, limits=limits, cwd=work.path, env=env)
+        return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, mark=mark)
     view = bwrap.View(work.path, read_only={str(sandbox.student_package): bwrap.STUDENT_DIR,
                                             str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"},
                       gpu=bool(sandbox.profile.get("gpu")))
     argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]
-    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view)
+    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view, mark=mark)
 
 
 def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:
@@ -241,29 +242,55 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
             return _from_verdict(item, unreadable, result.wall_s)
         if mode == "check":
             return _from_verdict(item, _judge(item, inputs, outputs, params), result.wall_s)
-        return _speed_result(item, inputs, outputs, params, sandbox.profile)
+        return _speed_result(item, inputs, outputs, params, sandbox.profile, result.marks)
     finally:
         work.remove()
 
 
-def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict) -> ItemResult:
+def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict,
+                  marks: list[tuple[str, float]]) -> ItemResult:
     try:
-        samples = {f"{role}_s": [float(s) for s in timed[f"{role}_s"]] for role in ("candidate", "baseline")}
+        samples = {role: [float(s) for s in timed[f"{role}_s"]] for role in speed.ROLES}
+        batches = {role: timed[f"{role}_batch"] for role in speed.ROLES}
         outputs = timed["outputs"]
-        if not all(samples.values()) or min(samples["candidate_s"] + samples["baseline_s"]) <= 0:
-            raise ValueError("no positive timings")
-    except (TypeError, KeyError, ValueError) as exc:
+        if not all(samples.values()) or min(samples["candidate"] + samples["baseline"]) <= 0:
+            raise ValueError("no positive timings (a call that launches nothing takes no time)")
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
         return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timings could not be read: {exc}"))
+    details = {f"{role}_s": samples[role] for role in speed.ROLES}
+    wall_s, protocol = speed.phase_wall(marks)
+    problem = protocol or speed.cross_check(samples, batches, wall_s,
+                                            reps=int(params.get("reps", speed.DEFAULT_REPS)))
+    if problem:
+        return ItemResult(item.name, 0.0, item.points, "tampered", clean_reason(f"timings refused: {problem}"),
+                          details={**details, "phase_wall_s": wall_s})
     verdict = _judge(item, inputs, outputs, params)
     if verdict.fraction < 1:
         return ItemResult(item.name, 0.0, item.points, "failed", clean_reason(f"timed output is wrong: {verdict.reason}"),
-                          details=samples)
-    speedup = median(samples["baseline_s"]) / median(samples["candidate_s"])
+                          details=details)
+    speedup = median(samples["baseline"]) / median(samples["candidate"])
     target = float(params.get("min_speedup", 1.0))
     passed = speedup >= target
     reason = f"speedup {speedup:.2f}x over the baseline (needs {target:.2f}x on the {profile['name']} profile)"
     return ItemResult(item.name, item.points if passed else 0.0, item.points, "passed" if passed else "failed",
-                      reason, details={**samples, "speedup": speedup})
+                      reason, details={**details, "speedup": speedup, "phase_wall_s": wall_s})
+
+
+def run_items(items: list[Item], grade_one, parallel: int) -> list[ItemResult]:
+    """``grade_one`` every item, in the order given: all but the speed items ``parallel`` at a
+    time, then each speed item alone, once every other item's child has ended, so nothing shares
+    the GPU (or the cores, or the memory bus) with the code being timed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = [i for i, item in enumerate(items) if not item.is_speed]
+    alone = [i for i, item in enumerate(items) if item.is_speed]
+    results: dict[int, ItemResult] = {}
+    # Leaving the with-block waits for every shared item: no child of theirs outlives it.
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        results.update(zip(shared, pool.map(grade_one, [items[i] for i in shared])))
+    for i in alone:
+        results[i] = grade_one(items[i])
+    return [results[i] for i in range(len(items))]
 
 
 def grade_submission(
@@ -303,7 +330,4 @@ def grade_submission(
         result.wall_s = round(time.monotonic() - started, 3)
         return result
 
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(grade_one, items))
+    return run_items(items, grade_one, parallel)

@@ -19,7 +19,7 @@ import struct
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autograder.engine import bwrap
 from autograder.engine.jail import Jail
@@ -60,6 +60,8 @@ class ChildResult:
     network_isolated: bool = False
     jailed: bool = False  # in a pids cgroup
     sandboxed: bool = False  # in bubblewrap's namespaces as an unprivileged uid
+    # (phase, time.monotonic() on arrival) of every marker line the child printed, when asked for.
+    marks: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -148,11 +150,30 @@ def _kill_session(sid: int) -> None:
         pass
 
 
+def _marker_lines(mark: bytes, marks: list[tuple[str, float]]):
+    """A feed for the child's output: stamps each line that starts with ``mark`` on arrival."""
+    line = bytearray()
+
+    def feed(chunk: bytes) -> None:
+        now = time.monotonic()
+        line.extend(chunk)
+        *complete, rest = bytes(line).split(b"\n")
+        for text in complete:
+            if text.startswith(mark):
+                marks.append((text[len(mark):len(mark) + 16].decode("ascii", "replace"), now))
+        # Only a line's beginning can hold a marker: a long line without one is not kept whole.
+        line[:] = rest[:len(mark) + 16]
+
+    return feed
+
+
 def run_sandboxed(
-    argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None
+    argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None,
+    mark: bytes | None = None,
 ) -> ChildResult:
     """Run ``argv`` under ``limits`` (isolated as ``view`` says, if given); never raises for
-    anything the child does."""
+    anything the child does. With ``mark``, lines of output starting with it are stamped with the
+    parent's clock as they arrive (``ChildResult.marks``)."""
     marker = os.path.join(cwd, ".network")
     if view is not None:
         argv = bwrap.command(argv, view)
@@ -189,11 +210,15 @@ def run_sandboxed(
     verdict: list[tuple[str, str]] = []
     tail = bytearray()
     seen = 0
+    marks: list[tuple[str, float]] = []
+    feed = _marker_lines(mark, marks) if mark else None
 
     def read_output() -> None:
         nonlocal seen
         while chunk := proc.stdout.read1(65536):
             seen += len(chunk)
+            if feed is not None:
+                feed(chunk)
             tail.extend(chunk)
             del tail[: max(0, len(tail) - 8192)]
             if seen > limits.output_bytes and not verdict:
@@ -244,4 +269,4 @@ def run_sandboxed(
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None)
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks)

@@ -32,6 +32,8 @@ DAEMON = "fastdl-adversarial-daemon"
 # Small inputs and short limits: a hostile run should end in seconds, not in the real profile's minutes.
 WALL_S = 25
 MATMUL_SPEED = {"size": 64, "min_speedup": 0.5, "warmup": 1, "reps": 3}
+# Lab 06's loop trains for real: one warm-up and three samples are enough to exercise the protocol.
+LOOP_SPEED = {"items": 128, "steps": 4, "warmup": 1, "reps": 3, "min_speedup": 0.0}
 
 
 def expectations(path: Path) -> dict[str, set[str]]:
@@ -44,6 +46,8 @@ def expectations(path: Path) -> dict[str, set[str]]:
 def profile_for(cpu: dict) -> dict:
     labs = {name: dict(items) for name, items in cpu.get("labs", {}).items()}
     labs.setdefault("01_gemm", {})["matmul_speed"] = MATMUL_SPEED
+    loop = labs.setdefault("06_data", {})
+    loop["loop_speed"] = {**loop.get("loop_speed", {}), **LOOP_SPEED}
     return {**cpu, "limits": {**cpu["limits"], "wall_s": WALL_S}, "speed_on_cpu": True, "labs": labs}
 
 

@@ -1,0 +1,163 @@
+"""The speed path of the engine, without a GPU: the parent's cross-check of the child's samples
+against its own clock, the phase markers on the child's pipe, the instruments bound before student
+code, and speed items graded alone."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from autograder.engine import child, grade, sandbox, speed
+from autograder.engine.items import Item
+from fastdl_lab import timing
+
+ROUND = 3
+
+
+def samples(candidate=(1e-3,) * ROUND, baseline=(2e-3,) * ROUND):
+    return {"candidate": list(candidate), "baseline": list(baseline)}
+
+
+BATCHES = {"candidate": 1, "baseline": 1}
+
+
+def test_samples_that_fit_the_parents_clock_are_accepted():
+    assert speed.cross_check(samples(), BATCHES, wall_s=0.012, reps=ROUND) is None
+    # Host samples are means over a batch of calls: the batch multiplies them back.
+    assert speed.cross_check(samples((1e-6,) * ROUND, (2e-6,) * ROUND), {"candidate": 500, "baseline": 500},
+                             wall_s=0.012, reps=ROUND) is None
+
+
+def test_samples_adding_up_to_more_than_the_phase_are_refused():
+    inflated = samples(baseline=(0.2,) * ROUND)  # a baseline made to look slow
+    reason = speed.cross_check(inflated, BATCHES, wall_s=0.1, reps=ROUND)
+    assert reason and "more than the 0.1 s" in reason
+    # Within the stated tolerance of the parent's stamping, the same sum is believed.
+    wall = 0.603 / (1 + speed.REL_TOLERANCE)
+    assert speed.cross_check(inflated, BATCHES, wall_s=wall, reps=ROUND) is None
+
+
+def test_samples_far_below_the_phase_are_refused():
+    reason = speed.cross_check(samples((1e-9,) * ROUND, (1e-9,) * ROUND), BATCHES, wall_s=2.0, reps=ROUND)
+    assert reason and "under 1%" in reason
+
+
+@pytest.mark.parametrize("bad, words", [
+    (samples(candidate=()), "no candidate samples"),
+    (samples(candidate=(1e-3, -1e-3, 1e-3)), "positive, finite"),
+    (samples(baseline=(float("nan"),) * ROUND), "positive, finite"),
+    (samples(baseline=(2e-3,) * (ROUND + 1)), "interleaved rounds"),
+    (samples((1e-3,) * (ROUND - 1), (1e-3,) * (ROUND - 1)), "interleaved rounds"),
+])
+def test_samples_of_the_wrong_shape_are_refused(bad, words):
+    assert words in speed.cross_check(bad, BATCHES, wall_s=1.0, reps=ROUND)
+
+
+@pytest.mark.parametrize("batch", [0, 10**9, 2.5, True, "3"])
+def test_impossible_batch_sizes_are_refused(batch):
+    assert "batch size" in speed.cross_check(samples(), {"candidate": batch, "baseline": 1}, wall_s=1.0, reps=ROUND)
+
+
+def test_the_phase_wall_needs_exactly_one_start_then_one_end():
+    assert speed.phase_wall([("start", 10.0), ("end", 10.5)]) == (0.5, "")
+    for marks in ([], [("start", 1.0)], [("end", 1.0), ("start", 2.0)],
+                  [("start", 1.0), ("end", 2.0), ("end", 3.0)], [("start", 1.0), ("start", 1.5), ("end", 2.0)]):
+        wall, why = speed.phase_wall(marks)
+        assert wall is None and "out of protocol" in why
+    with pytest.raises(ValueError, match="unknown timing phase"):
+        speed.marker("middle")
+
+
+def test_markers_split_across_reads_are_stamped_on_their_last_byte():
+    marks = []
+    feed = sandbox._marker_lines(speed.MARK, marks)
+    line = speed.marker("start")
+    feed(b"some output\n" + line[:5])
+    assert marks == []
+    feed(line[5:] + b"x" * 100_000)  # a long line after it is not kept whole, nor mistaken
+    feed(b"\n" + b"print " + speed.marker("end") + b"\n" + speed.marker("end"))
+    assert [phase for phase, _ in marks] == ["start", "end"]
+
+
+def test_the_parent_clocks_the_phase_the_child_announces(tmp_path):
+    script = ("import os, sys, time\n"
+              f"os.write(1, {speed.marker('start')!r})\n"
+              "time.sleep(0.3)\n"
+              f"os.write(1, b'\\n' + {speed.marker('end')!r})\n")
+    limits = sandbox.Limits(wall_s=20, isolate_network=False, limit_address_space=False)
+    result = sandbox.run_sandboxed([sys.executable, "-c", script], limits=limits, cwd=str(tmp_path), env={},
+                                   mark=speed.MARK)
+    assert result.ok, result
+    wall, why = speed.phase_wall(result.marks)
+    assert not why and 0.28 <= wall < 5
+
+
+@pytest.mark.parametrize("patch", ["timing-clock", "timing-function", "event-method", "perf-counter", "synchronize"])
+def test_a_clock_replaced_after_the_child_bound_it_is_tampering(monkeypatch, patch):
+    bound = child._Instruments(child._speed_instruments())
+    target, name = {"timing-clock": (timing, "_perf_counter"), "timing-function": (timing, "_event_sample"),
+                    "event-method": (torch.cuda.Event, "elapsed_time"), "perf-counter": (time, "perf_counter"),
+                    "synchronize": (torch.cuda, "synchronize")}[patch]
+    monkeypatch.setattr(target, name, lambda *a, **k: 0.0)
+    with pytest.raises(child.Tampered, match=name):
+        bound.verify()
+
+
+def test_the_child_binds_every_function_of_the_timing_path():
+    bound = child._Instruments(child._speed_instruments())
+    bound.verify()
+    # Every private function of the module but the one that formats numbers for people.
+    functions = {name for name, value in vars(timing).items() if callable(value) and name.startswith("_")
+                 and getattr(value, "__module__", None) == timing.__name__} - {"_format_seconds"}
+    assert functions and functions <= set(child.TIMING_FUNCTIONS)
+
+
+def _item(name: str, speed_item: bool) -> Item:
+    return Item(name, 1, (), lambda *a: {}, kind="speed" if speed_item else "correctness")
+
+
+def test_speed_items_run_alone_after_every_other_item():
+    items = [_item("a", False), _item("fast", True), _item("b", False), _item("c", False), _item("quick", True),
+             _item("d", False)]
+    spans, lock = {}, threading.Lock()
+
+    def grade_one(item):
+        began = time.monotonic()
+        time.sleep(0.05)
+        with lock:
+            spans[item.name] = (began, time.monotonic())
+        return grade.ItemResult(item.name, 0.0, 1.0, "failed", item.name)
+
+    results = grade.run_items(items, grade_one, parallel=2)
+    assert [r.item for r in results] == [it.name for it in items]
+    for timed in ("fast", "quick"):
+        start, end = spans[timed]
+        others = [spans[it.name] for it in items if it.name != timed]
+        assert all(e <= start or s >= end for s, e in others), f"{timed} shared the machine"
+    # The other items still share the pool: two of them overlapped.
+    shared = sorted(spans[n] for n in "abcd")
+    assert any(later[0] < earlier[1] for earlier, later in zip(shared, shared[1:]))
+
+
+def _graded(timed: dict, marks: list) -> grade.ItemResult:
+    from autograder.engine.items import Verdict
+
+    item = Item("matmul_speed", 2, (), lambda *a: {}, check=lambda *a: Verdict.passed(), kind="speed")
+    return grade._speed_result(item, {}, timed, {"reps": ROUND, "min_speedup": 1.5}, {"name": "h100"}, marks)
+
+
+def test_the_engine_grades_consistent_samples_and_refuses_the_rest():
+    timed = {"outputs": [], "candidate_s": [1e-3] * ROUND, "baseline_s": [2e-3] * ROUND, "candidate_batch": 1,
+             "baseline_batch": 1}
+    honest = _graded(timed, [("start", 5.0), ("end", 5.02)])
+    assert honest.status == "passed" and honest.details["phase_wall_s"] == pytest.approx(0.02)
+    inflated = _graded({**timed, "baseline_s": [0.5] * ROUND}, [("start", 5.0), ("end", 5.2)])
+    assert inflated.status == "tampered" and inflated.score == 0 and "more than the 0.2 s" in inflated.reason
+    unannounced = _graded(timed, [("start", 5.0)])
+    assert unannounced.status == "tampered" and "out of protocol" in unannounced.reason
+    empty = _graded({**timed, "candidate_s": [0.0] * ROUND}, [("start", 5.0), ("end", 5.02)])
+    assert empty.status == "failed" and "no positive timings" in empty.reason
