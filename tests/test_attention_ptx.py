@@ -45,8 +45,10 @@ def test_hopper_forward_pipeline_fits_the_largest_head_dim():
 @pytest.mark.parametrize("which", MATMUL_KERNELS)
 def test_other_types_and_head_dims_compile(which, dtype, head_dim):
     # bf16 is refused under the interpreter, so compiling it is the CPU-side evidence; a ragged
-    # length compiles the bounds masks the aligned one drops.
-    assert ".target sm_90" in attention.ptx(90, dtype, which=which, head_dim=head_dim, causal=False, even_n=False)
+    # length compiles the bounds masks the aligned one drops, and must spill nothing either.
+    kernel = attention.compiled(90, dtype, which=which, head_dim=head_dim, causal=False, even_n=False)
+    assert ".target sm_90" in kernel.asm["ptx"]
+    assert triton_aot.resources(kernel)["local_bytes"] == 0
 
 
 @pytest.mark.interpret
