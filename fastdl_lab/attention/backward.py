@@ -16,7 +16,8 @@ Three kernels, no atomics (every address has one writer, so results are the same
 - ``_attn_bwd_dq_kernel``: one program per query block, looping over the key blocks.
 
 The two main kernels both recompute the score tiles: one extra matmul each, against a second
-pass with atomic additions or an N x N buffer. Layout as in ``forward``.
+pass with atomic additions or an N x N buffer. Layout, and the split of each loop into unmasked
+off-diagonal blocks and masked diagonal ones, as in ``forward``.
 """
 
 from __future__ import annotations

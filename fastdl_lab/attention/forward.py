@@ -5,6 +5,10 @@ time, keeping the online-softmax state (running maximum, running sum, unnormalis
 registers. Scores exist only as a BLOCK_M x BLOCK_N tile: HBM sees q, k, v read and o written,
 plus one fp32 logsumexp per row for the backward.
 
+Masks are paid only where they change something: in causal attention the key blocks before the
+diagonal run without any mask and only the diagonal block(s) compare key with query; bounds masks
+exist only in kernels compiled for a length that is not a multiple of the tiles (``EVEN_N``).
+
 Layout contract shared by every attention kernel: a (batch, heads, N, D) tensor is viewed as
 Z = batch * heads slices of N rows of D contiguous elements; ``stride_z`` and ``stride_row`` are
 the element distances between slices and between rows, the same for q, k, v, o and their
