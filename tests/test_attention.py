@@ -249,6 +249,57 @@ def test_empty_batch_and_sequence():
         assert q.grad.shape == shape
 
 
+# Aligned lengths take the kernels' unmasked (EVEN_N) code; unequal tiles put two key blocks
+# (forward, dQ) or two query blocks (dK/dV) on the diagonal, so that both sides of each split run;
+# a ragged length shorter than a tile takes the masked code.
+SPLIT_CASES = [(128, 64, 32), (64, 16, 32), (20, 16, 32)]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_loops_forward_and_backward_on_aligned_and_ragged_lengths(causal, dtype):
+    for n, block_m, block_n in SPLIT_CASES:
+        shape = (1, 1, n, 16)
+        q, k, v = _qkv(shape, dtype, seed=80, requires_grad=True)
+        do = checks.randn(shape, dtype=dtype, seed=83, device=DEV)
+        o = attention.flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
+        name = f"N={n} blocks {block_m}x{block_n} {dtype} causal={causal}"
+        attention.check_attention(o, q.detach(), k.detach(), v.detach(), causal, name=f"o {name}")
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        attention.check_attention_grads(grads, q.detach(), k.detach(), v.detach(), do, causal, name=name)
+
+
+class _Recorder:
+    """A kernel stand-in that records the keyword arguments of each launch, then runs ``kernel``."""
+
+    def __init__(self, kernel):
+        self.kernel, self.fn, self.launches = kernel, kernel.fn, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.interpret
+def test_launchers_pass_even_n_only_to_kernels_that_declare_it():
+    recorders = {key: _Recorder(kernel) for key, kernel in attention.KERNELS.items()}
+    for n, expected in ((64, True), (48, False)):
+        q, k, v = _qkv((1, 1, n, 16), seed=86, requires_grad=True)
+        attention.flash_attention(q, k, v, causal=True, kernels=recorders, block_m=32, block_n=16).sum().backward()
+        for key, recorder in recorders.items():
+            assert recorder.launches.pop()["EVEN_N"] is expected, key
+    # A kernel written to the lab's signature has no EVEN_N: it is launched without one.
+    recorder = _Recorder(_one_tile_skips_last_block)
+    q, k, v = _qkv((1, 1, 64, 16), seed=87)
+    attention.flash_attention(q, k, v, kernels={"fwd": recorder}, block_m=32, block_n=64)
+    assert "EVEN_N" not in recorder.launches[0] and recorder.launches[0]["BLOCK_N"] == 64
+    with pytest.raises(ValueError, match="optional kernel flags"):
+        attention.forward.declared(attention.KERNELS["fwd"], BLOCK_M=16)
+
+
 # ------------------------------------------------------------------------------------------------
 # Backward
 
@@ -402,9 +453,11 @@ def test_student_kernel_names_match_the_lab():
     for key, name in attention.STUDENT_KERNELS.items():
         match = re.search(rf"^def {name}\((.*?)\):", source, re.M | re.S)
         assert match, f"the lab defines no {name}"
-        # Same arguments as the package's kernel, so the launcher can call either.
+        # Same arguments as the package's kernel, so the launcher can call either; the package's
+        # shape specialisations are optional, passed only to a kernel that declares them.
         code = attention.KERNELS[key].fn.__code__
-        assert [a.split(":")[0].strip() for a in match.group(1).split(",")] == list(code.co_varnames[:code.co_argcount])
+        required = [a for a in code.co_varnames[:code.co_argcount] if a not in attention.OPTIONAL_FLAGS]
+        assert [a.split(":")[0].strip() for a in match.group(1).split(",")] == required
 
 
 @triton.jit
@@ -586,12 +639,18 @@ def test_low_precision_grads_accept_fp32_accurate_results():
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 def test_gpu_configuration(head_dim):
-    # A pure function of the shape, so the GPU choices are checked here too.
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        config = attention.default_config(head_dim, dtype, on_gpu=True)
-        for key in ("block_m", "block_n", "bwd_block_m", "bwd_block_n"):
-            assert config[key] >= 16 and config[key] & (config[key] - 1) == 0
-        # fp32 tiles are half as tall: same bytes in shared memory as the 16-bit ones.
-        assert config["block_m"] * dtype.itemsize <= 256
-    forced = attention.default_config(64, torch.float16, on_gpu=True, block_m=32, block_n=16)
+    # A pure function of the shape and the GPU, so the GPU choices are checked here too.
+    for capability in (80, 90):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            config = attention.default_config(head_dim, dtype, capability)
+            for key in ("block_m", "block_n", "bwd_block_m", "bwd_block_n"):
+                assert config[key] >= 16 and config[key] & (config[key] - 1) == 0
+            # fp32 tiles are half as tall: same bytes in shared memory as the 16-bit ones.
+            assert config["block_m"] * dtype.itemsize <= 256
+            assert config["num_stages"] >= 2 and config["bwd_num_stages"] >= 2
+    # Hopper's larger shared memory takes a deeper forward pipeline than Ampere's.
+    assert attention.default_config(head_dim, torch.float16, 90)["num_stages"] == 3
+    assert attention.default_config(head_dim, torch.float16, 80)["num_stages"] == 2
+    forced = attention.default_config(64, torch.float16, 90, block_m=32, block_n=16)
     assert (forced["block_m"], forced["block_n"], forced["bwd_block_m"], forced["bwd_block_n"]) == (32, 16, 32, 16)
+    assert attention.default_config(64, torch.float32, None)["num_stages"] == 1

@@ -13,7 +13,7 @@ tile by tile with an online softmax and recomputes the tiles in the backward, so
 - ``forward`` / ``backward``: the Triton kernels and their launches;
 - ``function``: ``flash_attention`` and its ``FlashAttentionFunction``, ``backward_parts`` (each
   backward kernel on its own), the check rules ``check_attention`` / ``check_attention_grads``,
-  and ``ptx``;
+  and ``compiled`` / ``ptx``, each kernel built for sm_80 / sm_90 at the launcher's configuration;
 - ``bench``: the benchmark spec, ``benchmark`` and ``check``.
 """
 
@@ -21,10 +21,11 @@ from fastdl_lab.attention.reference import (attention_bytes, attention_flops, at
                                             attention_tiled, causal_mask, logsumexp_ref)
 from fastdl_lab.attention.inputs import UnsupportedAttentionError
 from fastdl_lab.attention.torch_flash import FlashAttentionTorch, flash_attention_torch
-from fastdl_lab.attention.forward import _attn_fwd_kernel, launch_forward
+from fastdl_lab.attention.forward import OPTIONAL_FLAGS, _attn_fwd_kernel, launch_forward
 from fastdl_lab.attention.backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel,
                                            launch_backward, launch_backward_dkdv, launch_backward_dq)
 from fastdl_lab.attention.function import (BWD_KEYS, GRAD_RTOL, HEAD_DIMS, KERNELS, STUDENT_KERNELS,
                                            FlashAttentionFunction, backward_parts, check_attention,
-                                           check_attention_grads, default_config, flash_attention, kernel_written, ptx)
+                                           check_attention_grads, compiled, default_config, flash_attention,
+                                           kernel_written, ptx)
 from fastdl_lab.attention.bench import BENCHMARK, benchmark, check

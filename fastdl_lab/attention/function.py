@@ -30,27 +30,41 @@ BWD_KEYS = ("bwd_preprocess", "bwd_dkdv", "bwd_dq")
 HEAD_DIMS = (16, 32, 64, 128)
 
 
-def default_config(head_dim: int, dtype: torch.dtype, on_gpu: bool, block_m: int | None = None,
+def default_config(head_dim: int, dtype: torch.dtype, capability: int | None, block_m: int | None = None,
                    block_n: int | None = None) -> dict[str, int]:
-    """Tile sizes and launch options; ``block_m`` / ``block_n`` force the query / key tile of every kernel."""
-    if not on_gpu:
+    """Tile sizes and launch options on a GPU of compute ``capability`` (``device.capability``;
+    None: the CPU interpreter); ``block_m`` / ``block_n`` force the query / key tile of every kernel.
+
+    ``num_warps`` / ``num_stages`` launch the forward, ``bwd_num_warps`` / ``bwd_num_stages`` the
+    two main backward kernels. ``compiled`` builds each kernel at exactly this configuration.
+    """
+    if capability is None:
         # The interpreter pays per program and per loop trip, not per element: large tiles.
         fwd = bwd = (64, 64)
-        warps, stages = 4, 1
+        warps = bwd_warps = 4
+        stages = bwd_stages = 1
     elif dtype == torch.float32:
         # Four bytes an element: halve the tiles so that the q, k and v tiles and their pipeline
         # copies stay within the shared memory of every course GPU.
         fwd, bwd = (64, 32), (32, 32)
-        warps, stages = 4, 2
+        warps = bwd_warps = 4
+        stages = bwd_stages = 2
     else:
         # 128 queries a program give each loaded k, v tile 128 rows of reuse; the backward holds two
         # accumulators (dk, dv or dq plus the tiles it recomputes), hence its smaller tiles.
         fwd, bwd = (128, 64), (64, 64)
-        warps, stages = (8 if head_dim == 128 else 4), 2
+        warps = 8 if head_dim == 128 else 4
+        bwd_warps = 4
+        # Hopper's 227 KiB of shared memory holds a third k, v buffer for the forward at no spill
+        # (tests/test_attention_ptx.py checks head dims 64 and 128), so one more load is in flight while
+        # a tile is computed. Ampere keeps the two stages it has: whether a third pays there takes
+        # a GPU to time.
+        stages = 3 if capability >= 90 else 2
+        bwd_stages = 2
     fwd_m, fwd_n = block_m or fwd[0], block_n or fwd[1]
     bwd_m, bwd_n = block_m or bwd[0], block_n or bwd[1]
     return {"block_m": fwd_m, "block_n": fwd_n, "bwd_block_m": bwd_m, "bwd_block_n": bwd_n,
-            "num_warps": warps, "num_stages": stages}
+            "num_warps": warps, "num_stages": stages, "bwd_num_warps": bwd_warps, "bwd_num_stages": bwd_stages}
 
 
 def _validate_options(scale, kernels, block_m, block_n) -> None:
@@ -74,7 +88,7 @@ def _prepare(q, k, v, causal, scale, kernels, block_m=None, block_n=None):
     device.check_kernel_tensor(q, "q, k and v are")
     _validate_options(scale, kernels, block_m, block_n)
     d = q.shape[-1]
-    config = default_config(d, q.dtype, q.is_cuda, block_m, block_n)
+    config = default_config(d, q.dtype, device.capability(q), block_m, block_n)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     return causal, sm_scale, {**KERNELS, **(kernels or {})}, config
 
@@ -314,16 +328,19 @@ def _largest(t: torch.Tensor) -> float:
 
 
 _PER_ROW = {"lse_ptr", "delta_ptr"}
-_CONSTEXPRS = {"CAUSAL", "BLOCK_M", "BLOCK_N", "HEAD_DIM"}
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str = "fwd", head_dim: int = 64,
-        causal: bool = False, kernel=None, block_m: int | None = None, block_n: int | None = None) -> str:
-    """PTX of one kernel ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq") for an NVIDIA GPU, no GPU needed.
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str = "fwd", head_dim: int = 64,
+             causal: bool = True, even_n: bool = True, kernel=None, block_m: int | None = None,
+             block_n: int | None = None):
+    """One kernel ("fwd", "bwd_preprocess", "bwd_dkdv", "bwd_dq") compiled for an NVIDIA GPU of
+    compute ``capability``, no GPU needed: Triton's compiled kernel (PTX and cubin in ``.asm``).
 
-    ``kernel`` replaces the package's kernel of that name (same arguments). Compiled with the
-    GPU launch configuration, as a launch on a sequence length and strides that are multiples of
-    16 would be, so that Triton can prove the row loads aligned.
+    Built at exactly the configuration the launcher uses there, ``default_config(head_dim, dtype,
+    capability)``, as a launch on a sequence length and strides that are multiples of 16 would
+    be; ``even_n``: a length that is also a multiple of both tiles (such as the graded 2048), which
+    drops every bounds mask. ``kernel`` replaces the package's kernel of that name (same arguments;
+    the specialisation flags it does not declare are left out).
     """
     from fastdl_lab import triton_aot
 
@@ -331,21 +348,30 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str 
         raise ValueError(f"which must be one of {sorted(KERNELS)}, got {which!r}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    config = default_config(head_dim, dtype, True, block_m, block_n)
-    ty = device.TRITON_TYPES[dtype]
-    code = KERNELS[which].fn.__code__
+    if not isinstance(capability, int) or isinstance(capability, bool):
+        raise ValueError(f"capability must be an NVIDIA compute capability such as 80 or 90, got {capability!r}")
+    if dtype not in device.TRITON_TYPES:
+        raise ValueError(f"dtype must be one of {sorted(map(str, device.TRITON_TYPES))}, got {dtype!r}")
+    config = default_config(head_dim, dtype, capability, block_m, block_n)
+    if which == "fwd":
+        bm, bn, warps, stages = config["block_m"], config["block_n"], config["num_warps"], config["num_stages"]
+    else:
+        bm, bn = config["bwd_block_m"], config["bwd_block_n"]
+        warps, stages = config["bwd_num_warps"], config["bwd_num_stages"]
+    chosen = kernel or KERNELS[which]
+    code = chosen.fn.__code__
     names = code.co_varnames[: code.co_argcount]
+    flags = {"CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "HEAD_DIM": head_dim, "EVEN_N": even_n}
+    constexprs = {name: value for name, value in flags.items() if name in names}
+    ty = device.TRITON_TYPES[dtype]
     signature = {name: ("*fp32" if name in _PER_ROW else f"*{ty}" if name.endswith("_ptr") else
                         "fp32" if name == "scale" else "i32")
-                 for name in names if name not in _CONSTEXPRS}
-    if which == "fwd":
-        tiles = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"]}
-    else:
-        tiles = {"BLOCK_M": config["bwd_block_m"], "BLOCK_N": config["bwd_block_n"]}
-    constexprs = {"HEAD_DIM": head_dim, **{key: value for key, value in tiles.items() if key in names}}
-    if "CAUSAL" in names:
-        constexprs["CAUSAL"] = causal
+                 for name in names if name not in constexprs}
     aligned = [name for name in signature if name.endswith("_ptr") or name.startswith("stride") or name == "N"]
-    return triton_aot.compile_to_ptx(kernel or KERNELS[which], signature, constexprs, capability=capability,
-                                     num_warps=config["num_warps"], num_stages=config["num_stages"],
-                                     divisible_by_16=aligned)
+    return triton_aot.compile_kernel(chosen, signature, constexprs, capability=capability, num_warps=warps,
+                                     num_stages=stages, divisible_by_16=aligned)
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, **options) -> str:
+    """PTX of ``compiled(capability, dtype, **options)``: the kernel the launcher runs on that GPU."""
+    return compiled(capability, dtype, **options).asm["ptx"]
