@@ -194,9 +194,9 @@ def _tile(bm: int, bn: int, bk: int, warps: int, stages: int) -> dict[str, int]:
 
 # The configurations triton.autotune tries on a GPU, per architecture, for 16-bit operands; the
 # first is also the one a single-configuration launch uses. Every one compiles without register
-# spills and within its SM's shared memory (tests/test_compiled_launch_configs.py): a block may have 227 KiB
-# on an H100, 163 KiB on an A100. Each stage holds an A and a B tile, (block_m + block_n) *
-# block_k * 2 bytes. Hopper's wgmma keeps a 128 x 256 accumulator in one program of two warp
+# spills and within its SM's shared memory (tests/test_compiled_launch_configs.py): a block may
+# have 227 KiB on an H100, 163 KiB on an A100. Each stage holds an A and a B tile,
+# (block_m + block_n) * block_k * 2 bytes. Hopper's wgmma keeps a 128 x 256 accumulator in one program of two warp
 # groups at about 220 registers a thread; Ampere's mma.sync needs more registers for the same
 # tile, so its K-steps are shorter and its largest tiles pipeline 32 deep.
 AUTOTUNE_CONFIGS = {

@@ -287,7 +287,8 @@ def default_config(n_cols: int, n_rows: int, capability: int | None, block_n: in
     bwd_block_n = block_n or min(width, 1024)
     strip = max(1, min(16, 4096 // bwd_block_n))
     if sm_count is None:
-        sm_count = (device.info().sm_count if device.capability() == capability else None) or SM_COUNTS.get(capability, 100)
+        here = device.info().sm_count if device.capability() == capability else None
+        sm_count = here or SM_COUNTS.get(capability, 100)
     while strip > 1 and triton.cdiv(n_rows, strip) < 2 * sm_count:
         strip //= 2
     # One stage: the loops stream each block once (or twice, from the cache), with no tl.dot whose

@@ -122,7 +122,8 @@ def num_warps_for(block_n: int) -> int:
     return 4 if block_n <= 1024 else 8 if block_n <= 4096 else 16
 
 
-def default_config(n_cols: int, dtype: torch.dtype, capability: int | None, block_n: int | None = None) -> dict[str, int]:
+def default_config(n_cols: int, dtype: torch.dtype, capability: int | None,
+                   block_n: int | None = None) -> dict[str, int]:
     """Block and warps of a launch on rows of ``n_cols`` (``capability`` None: the CPU interpreter).
 
     The block is the next power of two at least ``n_cols`` (and 16), capped by ``max_block``;
