@@ -16,6 +16,8 @@ programs that run at the same time, hence more hits in the GPU's L2 cache.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -130,9 +132,12 @@ def _matmul_kernel(
     stride_bk, stride_bn,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr = False,
 ):
-    """One program computes one BLOCK_M x BLOCK_N tile of C = A @ B."""
+    """One program computes one BLOCK_M x BLOCK_N tile of C = A @ B.
+
+    ``EVEN_K`` (set by the launcher when BLOCK_K divides K) drops the mask of the K loop.
+    """
     ### BEGIN SOLUTION
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -146,24 +151,30 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-    in_m = offs_m[:, None] < M
-    in_n = offs_n[None, :] < N
+    # Rows and columns past the edge wrap round to real ones instead of being masked: every load
+    # of the K loop is then in bounds with no per-element compare and select, and the products
+    # they feed land in rows and columns of the tile that the store below masks off.
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
 
     # Accumulate in fp32 whatever the input type: summing K products in fp16 loses digits fast.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        # Masked-off elements load as 0 and so add nothing: ragged K needs no separate tail loop.
-        a = tl.load(a_ptrs, mask=in_m & (offs_k[None, :] < k_left), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & in_n, other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            # A ragged K cannot wrap (the wrapped products would add into the sum), so the last
+            # step masks: elements past K load as 0 and add nothing.
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=in_m & in_n)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
     ### END SOLUTION
 
 
@@ -177,17 +188,55 @@ SIGNATURE = {
 }
 
 
-def default_config(dtype: torch.dtype, on_gpu: bool) -> dict[str, int]:
-    """Block sizes and launch options; one configuration, since autotuning needs a GPU driver."""
-    if not on_gpu:
+def _tile(bm: int, bn: int, bk: int, warps: int, stages: int) -> dict[str, int]:
+    return {"block_m": bm, "block_n": bn, "block_k": bk, "group_m": 8, "num_warps": warps, "num_stages": stages}
+
+
+# The configurations triton.autotune tries on a GPU, per architecture, for 16-bit operands; the
+# first is also the one a single-configuration launch uses. Every one compiles without register
+# spills and within its SM's shared memory (tests/test_compiled_launch_configs.py): a block may
+# have 227 KiB on an H100, 163 KiB on an A100. Each stage holds an A and a B tile,
+# (block_m + block_n) * block_k * 2 bytes. Hopper's wgmma keeps a 128 x 256 accumulator in one program of two warp
+# groups at about 220 registers a thread; Ampere's mma.sync needs more registers for the same
+# tile, so its K-steps are shorter and its largest tiles pipeline 32 deep.
+AUTOTUNE_CONFIGS = {
+    90: [_tile(128, 256, 64, 8, 3), _tile(128, 128, 64, 8, 3), _tile(128, 128, 64, 4, 4),
+         _tile(256, 128, 64, 8, 3), _tile(64, 128, 64, 4, 4)],
+    80: [_tile(128, 256, 32, 8, 4), _tile(128, 128, 32, 4, 4), _tile(256, 128, 32, 8, 4),
+         _tile(128, 128, 64, 8, 3), _tile(64, 128, 64, 4, 4)],
+    # Other GPUs (a T4's 64 KiB, an L4's 99 KiB of shared memory per block): small pipelines only.
+    None: [_tile(128, 128, 32, 4, 3), _tile(64, 128, 32, 4, 3), _tile(128, 64, 32, 4, 3)],
+}
+
+
+def _arch(capability: int) -> int | None:
+    if capability >= 90:
+        return 90
+    # sm_86 and sm_89 have 99 KiB of shared memory per block, not the A100's 163 KiB.
+    return 80 if capability in (80, 87) else None
+
+
+def autotune_configs(capability: int, dtype: torch.dtype = torch.float16) -> list[dict[str, int]]:
+    """The configurations ``matmul`` autotunes over on a GPU of ``capability`` (80 = A100, 90 = H100)."""
+    if not isinstance(capability, int) or isinstance(capability, bool):
+        raise ValueError(f"capability is an int such as 80 or 90, got {capability!r}")
+    configs = [dict(c) for c in AUTOTUNE_CONFIGS[_arch(capability)]]
+    if dtype == torch.float32:
+        # fp32 operands are twice as wide: half the K-step keeps each stage's bytes. TF32 operand
+        # fragments also take twice the registers, which 256-wide tiles cannot spare (sm_90's
+        # 128 x 256 compiles at the 255-register limit).
+        configs = [{**c, "block_k": c["block_k"] // 2} for c in configs if max(c["block_m"], c["block_n"]) < 256]
+    return configs
+
+
+def default_config(dtype: torch.dtype, capability: int | None) -> dict[str, int]:
+    """The configuration of a single-configuration launch: for the CPU interpreter (``capability``
+    None), or on a GPU the first of ``autotune_configs`` (a student's kernel, or explicit options)."""
+    if capability is None:
         # The interpreter's cost grows with the number of programs, not with FLOPs: large tiles
         # keep the CPU runs short (256^3 takes ~0.17 s with 64x64 tiles, ~4x longer with 32x32).
         return {"block_m": 64, "block_n": 64, "block_k": 32, "group_m": 8, "num_warps": 4, "num_stages": 1}
-    # 128x128 tiles do 64 FLOPs per loaded fp16 byte; three pipeline stages of
-    # 16-bit 128x32 + 32x128 operand tiles take 48 KiB of shared memory, which every course
-    # GPU has. fp32 operands are twice as wide, so their K-step is halved to stay in budget.
-    block_k = 16 if dtype == torch.float32 else 32
-    return {"block_m": 128, "block_n": 128, "block_k": block_k, "group_m": 8, "num_warps": 4, "num_stages": 3}
+    return autotune_configs(capability, dtype)[0]
 
 
 # What a launch may tune, and the values it may take: tl.dot wants power-of-two tiles of at least
@@ -231,6 +280,26 @@ def _check_operands(a, b) -> None:
     device.check_kernel_tensor(a, "a and b are")
 
 
+def _declares(kernel, name: str) -> bool:
+    """Whether ``kernel`` (a jit function, interpreted or not) has a parameter ``name``; False for
+    anything else, which its launch then rejects."""
+    try:
+        return name in inspect.signature(kernel.fn).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+@functools.cache
+def _autotuned(capability: int, dtype: torch.dtype):
+    """The reference kernel under ``triton.autotune`` over ``autotune_configs(capability, dtype)``."""
+    configs = [triton.Config({"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "BLOCK_K": c["block_k"],
+                              "GROUP_M": c["group_m"]}, num_warps=c["num_warps"], num_stages=c["num_stages"])
+               for c in autotune_configs(capability, dtype)]
+    # Heuristics run after the autotuner has chosen BLOCK_K, so EVEN_K follows each configuration.
+    even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(_matmul_kernel)
+    return triton.autotune(configs=configs, key=["M", "N", "K"])(even_k)
+
+
 def matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -245,62 +314,79 @@ def matmul(
 ) -> torch.Tensor:
     """C = A @ B with a Triton kernel (``kernel`` defaults to the reference ``_matmul_kernel``).
 
-    ``kernel`` must take ``_matmul_kernel``'s arguments. The result has the inputs' dtype, with
-    fp32 accumulation. On a GPU, fp32 inputs go through ``tl.dot``'s default TF32 tensor-core
-    path, like ``torch.matmul`` with ``allow_tf32 = True``. Tiles and launch options left out
-    come from ``default_config``; ``check_config`` says what each may be.
+    ``kernel`` must take ``_matmul_kernel``'s arguments (``EVEN_K`` is passed only to a kernel that
+    declares it). The result has the inputs' dtype, with fp32 accumulation. On a GPU, fp32 inputs
+    go through ``tl.dot``'s default TF32 tensor-core path, like ``torch.matmul`` with
+    ``allow_tf32 = True``. On a GPU the reference kernel with no option given is autotuned over
+    ``autotune_configs`` for each (M, N, K); otherwise tiles and launch options left out come
+    from ``default_config``, and ``check_config`` says what each may be.
     """
     _check_operands(a, b)
-    given = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "group_m": group_m,
-             "num_warps": num_warps, "num_stages": num_stages}
-    config = {**default_config(a.dtype, a.is_cuda), **check_config({k: v for k, v in given.items() if v is not None})}
+    given = check_config({k: v for k, v in {
+        "block_m": block_m, "block_n": block_n, "block_k": block_k, "group_m": group_m,
+        "num_warps": num_warps, "num_stages": num_stages}.items() if v is not None})
+    capability = device.capability(a)
 
     (M, K), N = a.shape, b.shape[1]
     c = checks.output_buffer((M, N), a.dtype, a)
     if M == 0 or N == 0:
         return c
-    bm, bn = config["block_m"], config["block_n"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    (kernel or _matmul_kernel)[grid](
-        a, b, c, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=config["block_k"], GROUP_M=config["group_m"],
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    if capability is not None and kernel is None and not given:
+        _autotuned(capability, a.dtype)[
+            lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](*args)
+        return c
+    config = {**default_config(a.dtype, capability), **given}
+    kernel = kernel or _matmul_kernel
+    bm, bn, bk = config["block_m"], config["block_n"], config["block_k"]
+    extra = {"EVEN_K": K % bk == 0} if _declares(kernel, "EVEN_K") else {}
+    kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](
+        *args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=config["group_m"], **extra,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return c
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **overrides) -> str:
-    """PTX of the GEMM kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100), no GPU needed.
-
-    Compiled as a launch on contiguous row-major operands with sizes that are multiples of 16
-    would be: Triton turns an integer argument equal to 1 into a constant and marks multiples of
-    16, which is what lets it prove the loads contiguous and aligned, and so vectorise them.
-    """
-    return compiled(capability, dtype, kernel, **overrides).asm["ptx"]
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **options) -> str:
+    """PTX of the GEMM kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100), no GPU needed;
+    ``compiled``'s arguments."""
+    return compiled(capability, dtype, kernel, **options).asm["ptx"]
 
 
-def resources(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **overrides) -> dict[str, int]:
+def resources(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **options) -> dict[str, int]:
     """Registers per thread, shared memory per program and threads of one program of the GEMM
-    kernel compiled with ``overrides`` (tiles, warps, stages) for ``capability``: what decides how
-    many programs share an SM (``simt.occupancy``)."""
+    kernel compiled as ``compiled`` does for ``capability``: what decides how many programs share
+    an SM (``simt.occupancy``)."""
     from fastdl_lab import triton_aot
 
-    return triton_aot.resources(compiled(capability, dtype, kernel, **overrides))
+    return triton_aot.resources(compiled(capability, dtype, kernel, **options))
 
 
-def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, **overrides):
-    """Triton's compiled GEMM kernel for ``capability`` (see ``ptx`` for how it is specialised)."""
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, kernel=None, *,
+             config: dict | None = None, even_k: bool = True, **overrides):
+    """Triton's compiled GEMM kernel for ``capability``, no GPU needed.
+
+    The configuration is ``config`` (one of ``autotune_configs(capability, dtype)``, say) or else
+    ``default_config(dtype, capability)``, the one a single-configuration launch uses, with
+    ``overrides`` (tiles, warps, stages) on top. Compiled as a launch on contiguous row-major
+    operands with sizes that are multiples of 16 would be: Triton turns an integer argument equal
+    to 1 into a constant and marks multiples of 16, which is what lets it prove the loads
+    contiguous and aligned, and so vectorise them. ``even_k`` is the launcher's EVEN_K (for a
+    kernel that declares it): False compiles the masked K loop that a ragged K launches.
+    """
     from fastdl_lab import triton_aot
 
-    config = {**default_config(dtype, on_gpu=True), **check_config(overrides)}
+    config = {**(config or default_config(dtype, capability)), **check_config(overrides)}
     ty = device.TRITON_TYPES[dtype]
+    kernel = kernel or _matmul_kernel
     signature = {**SIGNATURE, "a_ptr": f"*{ty}", "b_ptr": f"*{ty}", "c_ptr": f"*{ty}"}
     constexprs = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"],
                   "BLOCK_K": config["block_k"], "GROUP_M": config["group_m"],
                   "stride_ak": 1, "stride_bn": 1, "stride_cn": 1}
+    if _declares(kernel, "EVEN_K"):
+        constexprs["EVEN_K"] = even_k
     aligned = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_bk", "stride_cm"]
-    return triton_aot.compile_kernel(kernel or _matmul_kernel, signature, constexprs, capability=capability,
+    return triton_aot.compile_kernel(kernel, signature, constexprs, capability=capability,
                                      num_warps=config["num_warps"], num_stages=config["num_stages"],
                                      divisible_by_16=aligned)
 

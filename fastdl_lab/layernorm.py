@@ -263,15 +263,22 @@ def _layernorm_bwd_dwdb_kernel(dw_partial_ptr, db_partial_ptr, dw_ptr, db_ptr, s
 KERNELS = {"fwd": _layernorm_fwd_kernel, "bwd_dx": _layernorm_bwd_dx_kernel, "bwd_dwdb": _layernorm_bwd_dwdb_kernel}
 
 
-def default_config(n_cols: int, n_rows: int, on_gpu: bool, block_n: int | None = None) -> dict[str, int]:
-    """Block sizes and warps (``block_n`` forces every column block); no autotuning without a driver."""
+# SMs of the course's GPUs, for the backward strip height when no GPU is there to ask (AOT compiles).
+SM_COUNTS = {80: 108, 90: 132}
+
+
+def default_config(n_cols: int, n_rows: int, capability: int | None, block_n: int | None = None,
+                   sm_count: int | None = None) -> dict[str, int]:
+    """Block sizes, warps and stages of the three kernels for an ``n_rows x n_cols`` input on a GPU of
+    ``capability`` (None: the CPU interpreter). ``block_n`` forces every column block; ``sm_count``
+    (by default this GPU's, or a typical one for ``capability``) sets how tall backward strips may be."""
     width = triton.next_power_of_2(max(n_cols, 16))
-    if not on_gpu:
+    if capability is None:
         # The interpreter's cost is per program and per operation, not per element: whole rows
         # in one block and tall strips keep CPU runs short.
         block = block_n or min(width, 4096)
         return {"block_n": block, "bwd_block_n": block, "bwd_block_m": 8, "sum_block_m": 8, "sum_block_n": block,
-                "num_warps": 4}
+                "num_warps": 4, "sum_num_warps": 4, "num_stages": 1}
     # Up to 8192 elements a row is a single block (16 KiB of fp16, a few registers per thread).
     block = block_n or min(width, 8192)
     # Backward tiles of about 4096 elements, as several rows where the rows are short: a tall
@@ -279,11 +286,16 @@ def default_config(n_cols: int, n_rows: int, on_gpu: bool, block_n: int | None =
     # leaving a few programs for every SM.
     bwd_block_n = block_n or min(width, 1024)
     strip = max(1, min(16, 4096 // bwd_block_n))
-    sm_count = device.info().sm_count or 100
+    if sm_count is None:
+        here = device.info().sm_count if device.capability() == capability else None
+        sm_count = here or SM_COUNTS.get(capability, 100)
     while strip > 1 and triton.cdiv(n_rows, strip) < 2 * sm_count:
         strip //= 2
+    # One stage: the loops stream each block once (or twice, from the cache), with no tl.dot whose
+    # operands a software pipeline would prefetch into shared memory.
     return {"block_n": block, "bwd_block_n": bwd_block_n, "bwd_block_m": strip, "sum_block_m": 32,
-            "sum_block_n": block_n or 64, "num_warps": 4 if block <= 2048 else 8}
+            "sum_block_n": block_n or 64, "num_warps": 4 if block <= 2048 else 8, "sum_num_warps": 4,
+            "num_stages": 1}
 
 
 def _validate(x, weight, bias, kernels, block_n) -> None:
@@ -329,7 +341,8 @@ class LayerNormFunction(torch.autograd.Function):
         rstd = checks.output_buffer((m,), torch.float32, x)
         if m:
             kernels["fwd"][(m,)](x2d, y, weight, bias, mean, rstd, x2d.stride(0), y.stride(0), n, eps,
-                                 BLOCK_N=config["block_n"], num_warps=config["num_warps"])
+                                 BLOCK_N=config["block_n"], num_warps=config["num_warps"],
+                                 num_stages=config["num_stages"])
         ctx.save_for_backward(x2d, weight, mean, rstd)
         ctx.kernels, ctx.config, ctx.x_shape = kernels, config, x.shape
         return y.reshape(x.shape)
@@ -352,10 +365,12 @@ class LayerNormFunction(torch.autograd.Function):
         kernels["bwd_dx"][(strips,)](
             x2d, dy, dx, weight, mean, rstd, dw_partial, db_partial,
             x2d.stride(0), dy.stride(0), dx.stride(0), dw_partial.stride(0), m, n,
-            BLOCK_M=config["bwd_block_m"], BLOCK_N=config["bwd_block_n"], num_warps=config["num_warps"])
+            BLOCK_M=config["bwd_block_m"], BLOCK_N=config["bwd_block_n"], num_warps=config["num_warps"],
+            num_stages=config["num_stages"])
         kernels["bwd_dwdb"][(triton.cdiv(n, config["sum_block_n"]),)](
             dw_partial, db_partial, dw, db, dw_partial.stride(0), strips, n,
-            BLOCK_M=config["sum_block_m"], BLOCK_N=config["sum_block_n"])
+            BLOCK_M=config["sum_block_m"], BLOCK_N=config["sum_block_n"], num_warps=config["sum_num_warps"],
+            num_stages=config["num_stages"])
         return dx.reshape(ctx.x_shape), dw, db, None, None, None
 
 
@@ -369,7 +384,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     leading shape; weight and bias are 1-D, of x's dtype.
     """
     _validate(x, weight, bias, kernels, block_n)
-    config = default_config(x.shape[-1], x.numel() // x.shape[-1], x.is_cuda, block_n)
+    config = default_config(x.shape[-1], x.numel() // x.shape[-1], device.capability(x), block_n)
     chosen = {**KERNELS, **(kernels or {})}
     return LayerNormFunction.apply(x, weight, bias, float(eps), chosen, config)
 
@@ -377,9 +392,16 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 _ROW_DATA = {"x_ptr", "y_ptr", "w_ptr", "b_ptr", "dy_ptr", "dx_ptr", "dw_ptr", "db_ptr"}
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str = "fwd", kernel=None,
-        block_n: int = 1024, block_m: int = 4) -> str:
-    """PTX of one of the three kernels ("fwd", "bwd_dx", "bwd_dwdb") for an NVIDIA GPU, no GPU needed.
+# The launcher's (BLOCK_M, BLOCK_N, warps) keys of ``default_config`` for each kernel.
+_CONFIG_KEYS = {"fwd": (None, "block_n", "num_warps"), "bwd_dx": ("bwd_block_m", "bwd_block_n", "num_warps"),
+                "bwd_dwdb": ("sum_block_m", "sum_block_n", "sum_num_warps")}
+
+
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, n_cols: int = 1024, n_rows: int = 4096, *,
+             which: str = "fwd", block_n: int | None = None, kernel=None):
+    """Triton's compiled kernel ``which`` ("fwd", "bwd_dx", "bwd_dwdb") for an NVIDIA GPU of
+    ``capability``, no GPU needed, at the blocks, warps and stages ``default_config`` gives an
+    ``n_rows x n_cols`` input there: what ``layer_norm`` launches.
 
     ``kernel`` replaces the package's kernel of that name (same arguments). Compiled as a launch
     on contiguous rows whose length and strides are multiples of 16 would be, so that Triton can
@@ -389,16 +411,27 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, *, which: str 
 
     if which not in KERNELS:
         raise ValueError(f"which must be one of {sorted(KERNELS)}, got {which!r}")
+    config = default_config(n_cols, n_rows, capability, block_n)
+    block_m_key, block_n_key, warps_key = _CONFIG_KEYS[which]
     ty = device.TRITON_TYPES[dtype]
     code = KERNELS[which].fn.__code__
     # Row data in the tensors' own type; statistics and partial sums are always fp32.
     signature = {name: (f"*{ty}" if name in _ROW_DATA else "*fp32" if name.endswith("_ptr") else
                         "fp32" if name == "eps" else "i32")
                  for name in code.co_varnames[: code.co_argcount] if not name.startswith("BLOCK_")}
-    constexprs = {"BLOCK_N": block_n} if which == "fwd" else {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    constexprs = {"BLOCK_N": config[block_n_key]}
+    if block_m_key:
+        constexprs["BLOCK_M"] = config[block_m_key]
     aligned = [name for name in signature if name.endswith("_ptr") or name.startswith("stride") or name == "N"]
-    return triton_aot.compile_to_ptx(kernel or KERNELS[which], signature, constexprs, capability=capability,
-                                     num_warps=4, num_stages=1, divisible_by_16=aligned)
+    return triton_aot.compile_kernel(kernel or KERNELS[which], signature, constexprs, capability=capability,
+                                     num_warps=config[warps_key], num_stages=config["num_stages"],
+                                     divisible_by_16=aligned)
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float16, n_cols: int = 1024, n_rows: int = 4096, *,
+        which: str = "fwd", block_n: int | None = None, kernel=None) -> str:
+    """PTX of ``compiled(...)``."""
+    return compiled(capability, dtype, n_cols, n_rows, which=which, block_n=block_n, kernel=kernel).asm["ptx"]
 
 
 def layer_norm_bytes(m: int, n: int, itemsize: int, backward: bool = False) -> int:

@@ -181,14 +181,25 @@ def _validate_fused(params, grads, exp_avgs, exp_avg_sqs, masters) -> None:
             raise TypeError(f"param {i} is {p.dtype}; the kernel takes float32, float16 or bfloat16")
 
 
+def default_config(capability: int | None) -> dict[str, int]:
+    """Elements per program, warps and stages of the fused launch on a GPU of ``capability`` (None:
+    the CPU interpreter, where the same values serve)."""
+    # 1024 elements at 4 warps: 8 per thread, two 16-byte loads of each fp32 stream. No loop, so a
+    # single stage: there is nothing for a software pipeline to prefetch.
+    return {"block": 1024, "num_warps": 4, "num_stages": 1}
+
+
 def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta2, eps, weight_decay,
-                masters=None, kernel=None, block=1024) -> int:
+                masters=None, kernel=None, block=None) -> int:
     """AdamW as one Triton launch per (param dtype, has master) group; returns the number of launches.
-    ``kernel`` replaces ``_fused_adamw_kernel`` (same arguments); ``block`` is the elements per program."""
+    ``kernel`` replaces ``_fused_adamw_kernel`` (same arguments); ``block`` is the elements per program
+    (``default_config``'s by default)."""
     masters, _, _ = _prepare(params, grads, exp_avgs, exp_avg_sqs, masters, step, beta1, beta2)
-    if block < 1 or block & (block - 1):
-        raise ValueError(f"block must be a power of two, got {block}")
     _validate_fused(params, grads, exp_avgs, exp_avg_sqs, masters)
+    config = default_config(device.capability(params[0]) if params else None)
+    block = config["block"] if block is None else block
+    if type(block) is not int or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block!r}")
     launches = 0
     rows = zip(params, grads, exp_avgs, exp_avg_sqs, masters)
     for (dtype, has_master), lists in _group(rows, lambda r: (r[0].dtype, r[4] is not None)).items():
@@ -199,7 +210,8 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta2,
         (kernel or _fused_adamw_kernel)[(table.n_chunks,)](
             *table.addrs[:4], table.addrs[4 if has_master else 0], table.numels, table.chunk_tensor,
             table.chunk_start, int(step), float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block)
+            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block,
+            num_warps=config["num_warps"], num_stages=config["num_stages"])
         launches += 1
     return launches
 
@@ -282,17 +294,26 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bool = False, *, kernel=None,
-        block: int = 1024) -> str:
-    """PTX of the fused kernel (or ``kernel``, same arguments) for an NVIDIA GPU, no GPU needed."""
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bool = False, *, kernel=None,
+             block: int | None = None):
+    """Triton's compiled fused kernel (or ``kernel``, same arguments) for an NVIDIA GPU of
+    ``capability``, no GPU needed, at ``default_config(capability)`` (``block`` overrides its block):
+    what ``fused_adamw`` launches there."""
     if dtype not in _TL_DTYPES:
         raise ValueError(f"dtype must be one of {list(_TL_DTYPES)}, got {dtype}")
+    config = default_config(capability)
     # The eight tables, the step count, then the five hyper-parameters.
     names = _fused_adamw_kernel.fn.__code__.co_varnames
     signature = {**dict.fromkeys(names[:8], "*i64"), "step": "i32", **dict.fromkeys(names[9:14], "fp32")}
-    constexprs = {"PARAM_DTYPE": _TL_DTYPES[dtype], "HAS_MASTER": has_master, "BLOCK": block}
-    return triton_aot.compile_to_ptx(kernel or _fused_adamw_kernel, signature, constexprs, capability=capability,
-                                     num_warps=4, num_stages=1)
+    constexprs = {"PARAM_DTYPE": _TL_DTYPES[dtype], "HAS_MASTER": has_master, "BLOCK": block or config["block"]}
+    return triton_aot.compile_kernel(kernel or _fused_adamw_kernel, signature, constexprs, capability=capability,
+                                     num_warps=config["num_warps"], num_stages=config["num_stages"])
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bool = False, *, kernel=None,
+        block: int | None = None) -> str:
+    """PTX of ``compiled(...)``."""
+    return compiled(capability, dtype, has_master, kernel=kernel, block=block).asm["ptx"]
 
 
 def adamw_bytes(numel: int, param_dtype: torch.dtype, has_master: bool) -> int:

@@ -8,8 +8,8 @@ time with masks on both ragged edges, accumulates in fp32 and stores one value p
 - ``row_sum`` with ``_row_sum_kernel``: one Triton program per ``BLOCK_M`` rows, any strides (a
   padded view, a transposed one), run by the interpreter on a CPU;
 - ``check_row_sum``: the rule every check of the warm-up uses;
-- ``ptx``: the kernel compiled for an NVIDIA GPU, with the column stride known to be 1 or not,
-  which is where coalesced, vectorised loads come from.
+- ``compiled``/``ptx``: the kernel compiled for an NVIDIA GPU at the launch's configuration, with
+  the column stride known to be 1 or not, which is where coalesced, vectorised loads come from.
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ def _row_sum_kernel(
     ### END SOLUTION
 
 
-def default_config(on_gpu: bool) -> dict[str, int]:
-    """Blocks and warps for a launch; the grader and the tests also force small blocks."""
-    if not on_gpu:
+def default_config(capability: int | None) -> dict[str, int]:
+    """Blocks and warps of a launch on a GPU of ``capability`` (None: the CPU interpreter); the
+    grader and the tests also force small blocks."""
+    if capability is None:
         # The interpreter pays per program and per block operation, not per element: few, wide blocks.
-        return {"block_m": 16, "block_n": 64, "num_warps": 4}
+        return {"block_m": 16, "block_n": 64, "num_warps": 4, "num_stages": 1}
     # A few rows per program and a wide column block: each warp reads long contiguous runs.
-    return {"block_m": 4, "block_n": 512, "num_warps": 4}
+    # Three stages (Triton's default) let the compiler prefetch the next column block.
+    return {"block_m": 4, "block_n": 512, "num_warps": 4, "num_stages": 3}
 
 
 def _check_input(x) -> None:
@@ -78,7 +80,7 @@ def row_sum(x: torch.Tensor, *, kernel=None, block_m: int | None = None, block_n
     arguments. The result has ``x``'s dtype; the sums are accumulated in fp32.
     """
     _check_input(x)
-    config = default_config(x.is_cuda)
+    config = default_config(device.capability(x))
     for key, value in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
         if value is not None:
             config[key] = value
@@ -95,6 +97,7 @@ def row_sum(x: torch.Tensor, *, kernel=None, block_m: int | None = None, block_n
     (kernel or _row_sum_kernel)[grid](
         x, y, m, n, x.stride(0), x.stride(1),
         BLOCK_M=config["block_m"], BLOCK_N=config["block_n"], num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     return y
 
@@ -115,9 +118,11 @@ def check_row_sum(actual: torch.Tensor, x: torch.Tensor, name: str = "row sums")
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_xn": "i32"}
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, *, contiguous: bool = True,
-        block_m: int = 4, block_n: int = 512, num_warps: int = 4, kernel=None) -> str:
-    """PTX of the row-sum kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100).
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float32, *, contiguous: bool = True,
+             kernel=None, **overrides):
+    """Triton's compiled row-sum kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100),
+    no GPU needed, at ``default_config(capability)`` with ``overrides`` (block_m, block_n, num_warps)
+    on top: by default what ``row_sum`` launches there.
 
     ``contiguous=True`` compiles it as a launch on row-major rows would be: Triton turns a stride
     equal to 1 into a constant, so it knows neighbouring columns are neighbouring addresses and can
@@ -125,14 +130,26 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, *, contiguous:
     """
     from fastdl_lab import triton_aot
 
+    config = default_config(capability)
+    unknown = sorted(set(overrides) - set(config))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; the options are {sorted(config)}")
+    config.update(overrides)
     ty = device.TRITON_TYPES[dtype]
     signature = {**SIGNATURE, "x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
-    constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    constexprs = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"]}
     if contiguous:
         constexprs["stride_xn"] = 1
         del signature["stride_xn"]
-    return triton_aot.compile_to_ptx(kernel or _row_sum_kernel, signature, constexprs, capability=capability,
-                                     num_warps=num_warps, divisible_by_16=["x_ptr", "y_ptr", "N", "stride_xm"])
+    return triton_aot.compile_kernel(kernel or _row_sum_kernel, signature, constexprs, capability=capability,
+                                     num_warps=config["num_warps"], num_stages=config["num_stages"],
+                                     divisible_by_16=["x_ptr", "y_ptr", "N", "stride_xm"])
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, *, contiguous: bool = True, kernel=None,
+        **overrides) -> str:
+    """PTX of ``compiled(...)``."""
+    return compiled(capability, dtype, contiguous=contiguous, kernel=kernel, **overrides).asm["ptx"]
 
 
 def check() -> None:

@@ -7,9 +7,12 @@ is set by how many times the data crosses the memory bus.
 - ``softmax_eager_steps``: max, subtract, exp, sum, divide as five separate PyTorch ops, each
   writing its result to memory and the next one reading it back;
 - ``softmax_bytes_ref``: the element traffic of both versions, the lab's counting contract;
-- ``softmax`` with ``_softmax_kernel``: one Triton program per row, any row length. Rows longer
-  than the block are handled with the *online* softmax (a running maximum, and a running sum
-  rescaled whenever the maximum grows), then a second sweep writes the result.
+- ``softmax`` with ``_softmax_kernel``: one Triton program per row, any row length. A row that
+  fits the block is read once, every exp taken once; longer rows use the *online* softmax (a
+  running maximum, and a running sum rescaled whenever the maximum grows), then a second sweep
+  writes the result;
+- ``default_config`` picks the block and warps of a launch for the GPU it runs on, and
+  ``compiled``/``ptx`` compile exactly that for sm_80 or sm_90 without a GPU.
 """
 
 from __future__ import annotations
@@ -58,53 +61,79 @@ def softmax_bytes_ref(n_rows: int, n_cols: int, bytes_per_elem: int) -> tuple[in
 
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr):
-    """One program per row: an online sweep for the max and the sum, then a sweep that writes."""
+    """One program per row: one pass when the row fits the block, otherwise an online sweep for the
+    max and the sum, then a sweep that writes."""
     ### BEGIN SOLUTION
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     y_row = y_ptr + row * stride_ym
     offs = tl.arange(0, BLOCK_N)
 
-    # run_sum is the sum of exp(x - run_max) over the columns seen so far. When a block raises
-    # the maximum, the old sum is rescaled by exp(old max - new max): one read of the row gives
-    # both statistics, however many blocks it spans.
-    run_max = tl.full((), float("-inf"), tl.float32)
-    run_sum = tl.zeros((), tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + offs
+    if n_cols <= BLOCK_N:
+        # The whole row is in registers: one read, one exp per element, one write.
+        in_row = offs < n_cols
         # Padding loads as -inf, which exp turns into 0: it neither wins the max nor adds.
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(run_max, tl.max(x, axis=0))
-        # While every value so far is -inf, shifting by the max would give -inf - -inf = NaN;
-        # shifting by 0 gives the same zeros without it.
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
-        run_max = new_max
+        x = tl.load(x_row + offs, mask=in_row, other=float("-inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(y_row + offs, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=in_row)
+    else:
+        # run_sum is the sum of exp(x - run_max) over the columns seen so far. When a block raises
+        # the maximum, the old sum is rescaled by exp(old max - new max): one read of the row gives
+        # both statistics, however many blocks it spans.
+        run_max = tl.full((), float("-inf"), tl.float32)
+        run_sum = tl.zeros((), tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(run_max, tl.max(x, axis=0))
+            # While every value so far is -inf, shifting by the max would give -inf - -inf = NaN;
+            # shifting by 0 gives the same zeros without it.
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift), axis=0)
+            run_max = new_max
 
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + offs
-        in_row = cols < n_cols
-        x = tl.load(x_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-        y = tl.exp(x - run_max) / run_sum
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=in_row)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + offs
+            in_row = cols < n_cols
+            x = tl.load(x_row + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+            y = tl.exp(x - run_max) / run_sum
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=in_row)
     ### END SOLUTION
 
 
 SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n_cols": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-# The largest block a row gets by default. Past it a row spans several blocks (the online path).
-# On the CPU the interpreter's cost is per block operation, so big blocks are cheap; on a GPU a
-# block of 4096 fp32 values is 32 registers per thread at 4 warps, about what fits without spills.
-MAX_BLOCK = {"cpu": 1024, "gpu": 4096}
+# The largest block a row gets by default; past it a row spans several blocks (the online path).
+# On the CPU the interpreter's cost is per block operation, so big blocks are cheap. On a GPU a
+# row of one block is held in registers, in fp32 whatever its type: 8192 values over 16 warps are
+# 16 a thread, about 32 registers and no spills on sm_80 and sm_90
+# (tests/test_compiled_launch_configs.py), so 16-bit rows of up to 8192 are read once. fp32 rows
+# stop at 4096, the same 16 KiB of row per program.
+MAX_BLOCK = {"cpu": 1024, "gpu": {torch.float32: 4096, torch.float16: 8192, torch.bfloat16: 8192}}
 
 
-def default_block(n_cols: int, on_gpu: bool) -> int:
-    """Next power of two at least ``n_cols`` (and 16), capped at ``MAX_BLOCK``."""
-    return min(max(16, triton.next_power_of_2(max(n_cols, 1))), MAX_BLOCK["gpu" if on_gpu else "cpu"])
+def max_block(dtype: torch.dtype, capability: int | None) -> int:
+    """The largest default block for ``dtype`` under the interpreter (``capability`` None) or on a GPU."""
+    return MAX_BLOCK["cpu"] if capability is None else MAX_BLOCK["gpu"][dtype]
 
 
 def num_warps_for(block_n: int) -> int:
-    # More warps for longer blocks keeps each thread's share of the row small.
+    # More warps for longer blocks keep each thread's share of the row at 16 values or fewer up to
+    # 8192 (a 4-warp program holds at most 8).
     return 4 if block_n <= 1024 else 8 if block_n <= 4096 else 16
+
+
+def default_config(n_cols: int, dtype: torch.dtype, capability: int | None,
+                   block_n: int | None = None) -> dict[str, int]:
+    """Block and warps of a launch on rows of ``n_cols`` (``capability`` None: the CPU interpreter).
+
+    The block is the next power of two at least ``n_cols`` (and 16), capped by ``max_block``;
+    ``block_n`` forces it (a power of two >= 16), as the tests do to make rows span several.
+    """
+    if block_n is None:
+        block_n = min(max(16, triton.next_power_of_2(max(n_cols, 1))), max_block(dtype, capability))
+    elif type(block_n) is not int or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    return {"block_n": block_n, "num_warps": num_warps_for(block_n)}
 
 
 def _check_input(x) -> None:
@@ -121,18 +150,16 @@ def softmax(x: torch.Tensor, *, kernel=None, block_n: int | None = None) -> torc
     """Softmax over the rows of ``x`` with a Triton kernel (default ``_softmax_kernel``).
 
     ``kernel`` must take ``_softmax_kernel``'s arguments. ``block_n`` (a power of two >= 16)
-    overrides the default block; a block shorter than the rows makes every row span several.
+    overrides ``default_config``'s block; a block shorter than the rows makes every row span several.
     """
     _check_input(x)
     n_rows, n_cols = x.shape
-    block = default_block(n_cols, x.is_cuda) if block_n is None else block_n
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block_n must be a power of two >= 16, got {block}")
+    config = default_config(n_cols, x.dtype, device.capability(x), block_n)
     y = checks.output_buffer((n_rows, n_cols), x.dtype, x)
     if n_rows == 0 or n_cols == 0:
         return y
     (kernel or _softmax_kernel)[(n_rows,)](
-        x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=block, num_warps=num_warps_for(block),
+        x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=config["block_n"], num_warps=config["num_warps"],
     )
     return y
 
@@ -150,19 +177,29 @@ def check_softmax(actual: torch.Tensor, x: torch.Tensor, name: str = "softmax") 
                                       name=name)
 
 
-def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, block_n: int = 1024, kernel=None) -> str:
-    """PTX of the softmax kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100).
+def compiled(capability: int = 90, dtype: torch.dtype = torch.float32, n_cols: int = 1024, *,
+             block_n: int | None = None, kernel=None):
+    """Triton's compiled softmax kernel (or ``kernel``, same arguments) for an NVIDIA GPU of
+    ``capability`` (80 = A100, 90 = H100), no GPU needed, at ``default_config``'s block and warps for
+    rows of ``n_cols``: what ``softmax`` launches there.
 
     Compiled as a launch on a contiguous matrix whose row length is a multiple of 16 would be:
     aligned pointers and strides let the compiler vectorise the row loads.
     """
     from fastdl_lab import triton_aot
 
+    config = default_config(n_cols, dtype, capability, block_n)
     ty = device.TRITON_TYPES[dtype]
     signature = {**SIGNATURE, "x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
-    return triton_aot.compile_to_ptx(kernel or _softmax_kernel, signature, {"BLOCK_N": block_n},
-                                     capability=capability, num_warps=num_warps_for(block_n),
+    return triton_aot.compile_kernel(kernel or _softmax_kernel, signature, {"BLOCK_N": config["block_n"]},
+                                     capability=capability, num_warps=config["num_warps"],
                                      divisible_by_16=["x_ptr", "y_ptr", "n_cols", "stride_xm", "stride_ym"])
+
+
+def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, n_cols: int = 1024, *,
+        block_n: int | None = None, kernel=None) -> str:
+    """PTX of ``compiled(...)``."""
+    return compiled(capability, dtype, n_cols, block_n=block_n, kernel=kernel).asm["ptx"]
 
 
 # Benchmark spec: what benchmarks/softmax.py runs. Every variant normalises by the fused traffic

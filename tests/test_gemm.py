@@ -33,6 +33,27 @@ def test_matmul_matches_reference(m, n, k, dtype):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("m, n, k", [(33, 47, 48), (33, 47, 40), (16, 16, 16)])
+def test_wrapped_edges_with_even_and_ragged_k(m, n, k):
+    # 16x16x16 tiles: rows and columns past the last tile wrap round (the checked interpreter would
+    # stop a load outside A or B); K = 48 and 16 run the unmasked EVEN_K loop, K = 40 the masked one.
+    a, b = _operands(m, n, k, torch.float16, seed=5)
+    gemm.check_matmul(gemm.matmul(a, b, block_m=16, block_n=16, block_k=16), a, b)
+
+
+def test_gpu_path_autotunes_the_reference_over_the_arch_configs():
+    for capability in (80, 90):
+        tuned = gemm._autotuned(capability, torch.float16)
+        assert tuned.keys == ["M", "N", "K"]
+        assert [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} for c in tuned.configs] == [
+            {"BLOCK_M": c["block_m"], "BLOCK_N": c["block_n"], "BLOCK_K": c["block_k"], "GROUP_M": c["group_m"],
+             "num_warps": c["num_warps"], "num_stages": c["num_stages"]} for c in gemm.autotune_configs(capability)]
+        # EVEN_K follows the configuration the autotuner picked.
+        even_k = tuned.fn.values["EVEN_K"]
+        assert even_k({"K": 4096, "BLOCK_K": 64}) and not even_k({"K": 4000, "BLOCK_K": 64})
+
+
+@pytest.mark.interpret
 def test_strided_operands_and_small_tiles_with_ragged_last_group():
     # Transposed views exercise the stride arguments; 16x16 tiles make a 5x4 grid of tiles, so
     # GROUP_M=2 leaves a last group of one row.

@@ -265,13 +265,13 @@ def test_bytes_model():
 @pytest.mark.parametrize("rows, cols", [(4096, 4096), (64, 768), (100_000, 128), (8, 20_000)])
 def test_gpu_configuration_keeps_tiles_bounded(rows, cols):
     # A pure function of the shape, so the GPU choices are checked here too.
-    config = layernorm.default_config(cols, rows, on_gpu=True)
+    config = layernorm.default_config(cols, rows, capability=90)
     assert config["bwd_block_m"] * config["bwd_block_n"] <= 4096
     assert config["block_n"] <= 8192 and config["block_n"] >= min(cols, 8192)
     # Few rows: strips shrink so that the backward still has programs for every SM.
     if rows <= 64:
         assert config["bwd_block_m"] == 1
-    forced = layernorm.default_config(cols, rows, on_gpu=True, block_n=32)
+    forced = layernorm.default_config(cols, rows, capability=90, block_n=32)
     assert forced["block_n"] == forced["bwd_block_n"] == forced["sum_block_n"] == 32
 
 

@@ -176,7 +176,9 @@ def test_launcher_passes_the_tables_to_the_given_kernel():
     (grid, args, kwargs), = launches
     assert grid == (sum(-(-p.numel() // BLOCK) for p in params),)
     assert args[0].tolist() == [p.data_ptr() for p in params] == args[4].tolist()
-    assert args[8] == 1 and kwargs == {"PARAM_DTYPE": optim.tl.float32, "HAS_MASTER": False, "BLOCK": BLOCK}
+    config = optim.default_config(None)
+    assert args[8] == 1 and kwargs == {"PARAM_DTYPE": optim.tl.float32, "HAS_MASTER": False, "BLOCK": BLOCK,
+                                       "num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     reference = _ours("loop", RAGGED, 1)[0]
     _assert_all_close(params, reference["param"], "param")
 

@@ -32,6 +32,17 @@ def test_softmax_matches_reference(m, n, dtype):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("n", [17, 1000, 1025, 2500])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_one_pass_rows_and_online_rows_past_the_cpu_block(n, dtype):
+    # Rows of up to 1024 (the interpreter's largest block) take the one-pass branch, longer ones
+    # the online one, over two and three blocks.
+    assert (softmax.default_config(n, dtype, None)["block_n"] >= n) == (n <= softmax.MAX_BLOCK["cpu"])
+    x = _input(3, n, dtype, seed=n, scale=5.0)
+    softmax.check_softmax(softmax.softmax(x), x, name=f"3x{n} {dtype}")
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("m, n, block_n", [(5, 17, 16), (7, 257, 32), (4, 300, 16), (3, 64, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rows_spanning_many_blocks(m, n, block_n, dtype):
@@ -71,12 +82,21 @@ def test_eager_steps_and_reference_agree():
     assert softmax.softmax_ref(x.half()).dtype == torch.float16
 
 
-def test_default_block_is_capped():
-    assert softmax.default_block(1, on_gpu=False) == 16
-    assert softmax.default_block(45, on_gpu=False) == 64
-    assert softmax.default_block(1500, on_gpu=False) == softmax.MAX_BLOCK["cpu"]
-    assert softmax.default_block(1500, on_gpu=True) == 2048
-    assert softmax.default_block(50_000, on_gpu=True) == softmax.MAX_BLOCK["gpu"]
+def _block(n_cols, dtype=torch.float32, capability=None):
+    return softmax.default_config(n_cols, dtype, capability)["block_n"]
+
+
+def test_default_block_is_capped_by_dtype_and_device():
+    assert _block(1) == 16
+    assert _block(45) == 64
+    assert _block(1500) == softmax.MAX_BLOCK["cpu"]
+    assert _block(1500, capability=90) == 2048
+    assert _block(50_000, capability=90) == 4096
+    # 16-bit rows of 8192 are a single block on the GPU, so read from memory once.
+    for capability in (80, 90):
+        assert _block(8192, torch.float16, capability) == _block(8192, torch.bfloat16, capability) == 8192
+        assert _block(8193, torch.float16, capability) == 8192
+    assert softmax.default_config(8192, torch.float16, 90)["num_warps"] == 16
 
 
 @pytest.mark.parametrize("x, message", [

@@ -20,9 +20,17 @@ def test_softmax_compiles_to_vectorised_ptx(capability, dtype):
 
 def test_largest_gpu_block_and_bf16_compile_for_hopper():
     # bf16 cannot run under the interpreter, so compiling it is the CPU-side evidence.
-    block = softmax.MAX_BLOCK["gpu"]
-    assert ".target sm_90" in softmax.ptx(90, torch.bfloat16, block_n=block)
-    assert ".target sm_90" in softmax.ptx(90, torch.float32, block_n=block)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert ".target sm_90" in softmax.ptx(90, dtype, n_cols=softmax.max_block(dtype, 90))
+
+
+def test_a_row_that_fits_is_read_once_with_one_exp_per_element():
+    # Rows of 1024 fp32 values over 4 warps: 8 per thread, two 16-byte loads. The one-pass branch
+    # loads the row once and takes each exp once; the online branch reads it twice (2 loads more)
+    # and takes each exp twice (16 exps more, and one per block for the rescaling).
+    ptx = softmax.ptx(90, torch.float32, n_cols=1024)
+    assert ptx.count("ld.global.v4.b32") == 2 + 4
+    assert ptx.count("ex2.approx") == 8 + 16 + 1
 
 
 @pytest.mark.interpret

@@ -11,7 +11,8 @@ rate, with half the bytes per operand.
 - ``_int8_matmul_kernel`` + ``int8_matmul``: the Triton kernel, ``tl.dot`` on int8 tiles with an
   int32 accumulator, dequantised in the epilogue; the Triton interpreter runs the same source on
   a CPU, where ``tl.dot`` on int8 is NumPy's integer matmul and so exact too;
-- ``ptx``: the kernel compiled for sm_80 / sm_90 without a GPU, to show the integer MMA it uses;
+- ``compiled``/``ptx``: the kernel compiled for sm_80 / sm_90 without a GPU, at the launch's
+  configuration (``default_config``), to show the integer MMA it uses;
 - ``W8A8Linear``: an ``nn.Linear`` replaced by int8 weights and dynamic int8 activations;
   ``quantize_linears`` swaps every Linear of a model for one.
 
@@ -120,9 +121,9 @@ SIGNATURE = {
 }
 
 
-def default_config(on_gpu: bool) -> dict[str, int]:
-    """One configuration (autotuning needs a GPU driver)."""
-    if not on_gpu:
+def default_config(capability: int | None) -> dict[str, int]:
+    """Tiles, warps and stages of a launch on a GPU of ``capability`` (None: the CPU interpreter)."""
+    if capability is None:
         # The interpreter's cost follows the number of programs: large tiles keep CPU runs short.
         return {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 1}
     # An int8 MMA step is 32 deep; 128-byte K-slices of 128-row tiles make full cache lines, and
@@ -152,7 +153,7 @@ def int8_matmul(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_s
     equal the reference exactly.
     """
     _check_kernel_operands(a_q, a_scale, w_q, w_scale)
-    config = default_config(a_q.is_cuda)
+    config = default_config(device.capability(a_q))
     for key, value in (("block_m", block_m), ("block_n", block_n), ("block_k", block_k)):
         if value is not None:
             config[key] = value
@@ -185,21 +186,32 @@ def check_int8_matmul(actual, a_q, a_scale, w_q, w_scale, name: str = "int8_matm
     checks.assert_close(actual, expected, atol=0.0, rtol=0.0, name=name)
 
 
-def ptx(capability: int = 90, *, kernel=None, **overrides) -> str:
-    """PTX of the int8 kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100), no GPU needed.
+def compiled(capability: int = 90, *, kernel=None, **overrides):
+    """Triton's compiled int8 kernel for an NVIDIA GPU of ``capability`` (80 = A100, 90 = H100), no GPU
+    needed, at ``default_config(capability)`` with ``overrides`` (tiles, warps, stages) on top: by
+    default what ``int8_matmul`` launches there.
 
     Compiled as a launch on contiguous operands with sizes that are multiples of 16 would be.
     """
     from fastdl_lab import triton_aot
 
-    config = {**default_config(on_gpu=True), **overrides}
+    config = default_config(capability)
+    unknown = sorted(set(overrides) - set(config))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown}; the options are {sorted(config)}")
+    config.update(overrides)
     constexprs = {"BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"], "BLOCK_K": config["block_k"],
                   "stride_ak": 1, "stride_wk": 1, "stride_cn": 1}
     aligned = ["a_ptr", "w_ptr", "a_scale_ptr", "w_scale_ptr", "c_ptr", "M", "N", "K",
                "stride_am", "stride_wn", "stride_cm"]
-    return triton_aot.compile_to_ptx(kernel or _int8_matmul_kernel, SIGNATURE, constexprs, capability=capability,
+    return triton_aot.compile_kernel(kernel or _int8_matmul_kernel, SIGNATURE, constexprs, capability=capability,
                                      num_warps=config["num_warps"], num_stages=config["num_stages"],
                                      divisible_by_16=aligned)
+
+
+def ptx(capability: int = 90, *, kernel=None, **overrides) -> str:
+    """PTX of ``compiled(...)``."""
+    return compiled(capability, kernel=kernel, **overrides).asm["ptx"]
 
 
 class W8A8Linear(nn.Module):
