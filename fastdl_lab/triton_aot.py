@@ -202,20 +202,21 @@ def _cuobjdump() -> str:
 
 def resources(compiled) -> dict[str, int]:
     """What one program of a compiled kernel occupies on an SM: registers per thread, shared
-    memory per program (bytes), threads per program, and local memory per thread (bytes), where
-    registers that do not fit are spilled."""
+    memory per program (bytes), threads per program, and per thread the bytes of local memory and
+    of stack frame. Registers that do not fit are spilled to the stack frame (``ptxas -v``'s "bytes
+    spill stores"), so a kernel that spills has ``stack_bytes`` > 0 even where ``local_bytes`` is 0."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         report = subprocess.run([_cuobjdump(), "--dump-resource-usage", str(cubin)], capture_output=True,
                                 text=True, check=True, timeout=60).stdout
-    usage = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", report)
+    usage = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", report)
     if usage is None:
         raise RuntimeError(f"cuobjdump reported no resource usage: {report.strip()[:200]}")
-    registers, static_shared, local = (int(g) for g in usage.groups())
+    registers, stack, static_shared, local = (int(g) for g in usage.groups())
     # Triton's own buffers (pipelined tiles, reductions) are dynamic shared memory, in the metadata.
     return {"registers": registers, "shared_bytes": static_shared + int(compiled.metadata.shared),
-            "threads": 32 * int(compiled.metadata.num_warps), "local_bytes": local}
+            "threads": 32 * int(compiled.metadata.num_warps), "local_bytes": local, "stack_bytes": stack}
 
 
 # Pointer element types a launch may pass, beyond the float formats the course's kernels take.

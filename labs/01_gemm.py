@@ -685,8 +685,8 @@ plt.show()
 # how many programs fit on one SM and which resource stops more (`simt.occupancy`), how many
 # waves a 4096³ fp16 product then takes on 132 SMs (`simt.waves`: 3.9 means four rounds, the
 # last one 90% full), and the tile's intensity against what feeds it. A configuration whose
-# registers overflow shows *local* bytes (spilled to memory: slow); one whose shared memory
-# does not fit cannot launch at all.
+# registers overflow shows *spilled* bytes (the thread's stack frame, in memory: slow); one whose
+# shared memory does not fit cannot launch at all.
 
 # %%
 TUNING = [
@@ -701,7 +701,7 @@ for config in TUNING[1:3] if QUICK else TUNING:
     fit = simt.occupancy(used["registers"], used["shared_bytes"], config["num_warps"], "h100")
     programs = triton.cdiv(4096, config["block_m"]) * triton.cdiv(4096, config["block_n"])
     bm, bn = config["block_m"], config["block_n"]
-    rows.append({**config, "registers": used["registers"], "local bytes": used["local_bytes"],
+    rows.append({**config, "registers": used["registers"], "spilled bytes": used["stack_bytes"] + used["local_bytes"],
                  "shared KiB": used["shared_bytes"] / 1024, "programs per SM": fit.programs_per_sm,
                  "limited by": fit.limited_by, "waves (4096^3)": simt.waves(programs, fit.programs_per_sm, "h100"),
                  "tile FLOP/B": 2 * bm * bn / ((bm + bn) * 2)})

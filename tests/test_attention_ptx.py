@@ -28,7 +28,7 @@ def test_kernels_compile_at_the_launch_configuration(capability, which):
     tensor_core_ops = summary["wgmma"] if capability >= 90 else summary["mma"]
     assert (tensor_core_ops > 0) == (which in MATMUL_KERNELS)
     usage = triton_aot.resources(kernel)
-    assert usage["local_bytes"] == 0, f"{which} sm_{capability} spills: {usage}"
+    assert usage["local_bytes"] == usage["stack_bytes"] == 0, f"{which} sm_{capability} spills: {usage}"
     assert usage["shared_bytes"] <= SHARED_LIMIT[capability], f"{which} sm_{capability}: {usage}"
 
 
@@ -38,7 +38,7 @@ def test_hopper_forward_pipeline_fits_the_largest_head_dim():
     kernel = attention.compiled(90, torch.float16, which="fwd", head_dim=128, causal=True)
     assert kernel.metadata.num_stages == 3
     usage = triton_aot.resources(kernel)
-    assert usage["local_bytes"] == 0 and usage["shared_bytes"] <= SHARED_LIMIT[90], usage
+    assert usage["local_bytes"] == usage["stack_bytes"] == 0 and usage["shared_bytes"] <= SHARED_LIMIT[90], usage
 
 
 @pytest.mark.parametrize("dtype, head_dim", [(torch.bfloat16, 64), (torch.float32, 128), (torch.float16, 32)])
@@ -48,7 +48,7 @@ def test_other_types_and_head_dims_compile(which, dtype, head_dim):
     # length compiles the bounds masks the aligned one drops, and must spill nothing either.
     kernel = attention.compiled(90, dtype, which=which, head_dim=head_dim, causal=False, even_n=False)
     assert ".target sm_90" in kernel.asm["ptx"]
-    assert triton_aot.resources(kernel)["local_bytes"] == 0
+    assert triton_aot.resources(kernel)["stack_bytes"] == triton_aot.resources(kernel)["local_bytes"] == 0
 
 
 @pytest.mark.interpret

@@ -130,7 +130,7 @@ def test_the_compiler_reports_registers_and_shared_memory_per_program():
     # One buffer of A and B tiles per pipeline stage: 16 KiB of fp16 each, plus a little of Triton's own.
     for used, stages in ((four, 3), (shallow, 2)):
         assert stages * 16 << 10 <= used["shared_bytes"] <= (stages * 16 + 2) << 10
-    assert four["local_bytes"] == 0
+    assert four["local_bytes"] == four["stack_bytes"] == 0
 
 
 @pytest.mark.skipif(not device.interpreting(), reason="bf16 is only refused under the interpreter")
