@@ -1013,6 +1013,12 @@ for which, kernel in _all.items():
 # memory of the 227 KiB an H100 block may use), still at 0 spills: `attention.default_config`
 # picks the stages per GPU, and `attention.compiled(capability, ...)` builds a kernel at exactly
 # the configuration the launcher uses there. How much faster this runs takes a GPU to say.
+#
+# The table compares the split at four warps, like with like. The forward now launches with eight:
+# at four, its causal build for a ragged length needs all 255 registers and spills 48 bytes on
+# sm_80; at eight the 128 query rows are shared by two warpgroups and it takes 116 to 167
+# registers, with each warp's loop trip about half as long (313 and 434 instructions on sm_90).
+# `benchmarks/results/kernels_sm80.csv` and `kernels_sm90.csv` list every kernel as it launches.
 
 # %% [markdown]
 # ## 9. Speed

@@ -53,7 +53,10 @@ def default_config(head_dim: int, dtype: torch.dtype, capability: int | None, bl
         # 128 queries a program give each loaded k, v tile 128 rows of reuse; the backward holds two
         # accumulators (dk, dv or dq plus the tiles it recomputes), hence its smaller tiles.
         fwd, bwd = (128, 64), (64, 64)
-        warps = 8 if head_dim == 128 else 4
+        # Eight warps share the 128 query rows (two warpgroups of 64 rows on Hopper): with four, the
+        # causal forward on a ragged length needs all 255 registers and spills on sm_80
+        # (benchmarks/results/kernels_sm80.csv); with eight it takes about 170.
+        warps = 8
         bwd_warps = 4
         # Hopper's 227 KiB of shared memory holds a third k, v buffer for the forward at no spill
         # (tests/test_attention_ptx.py checks head dims 64 and 128), so one more load is in flight while
