@@ -34,6 +34,10 @@ from autograder.jobs import JobResult, JobSpec, grade_job, prepare_scratch
 NOT_GRADED = journal.NOT_GRADED
 # A job lost with its worker runs once more (the scheduler's allowed-failures; Dask's default is 3).
 RETRIES_AFTER_WORKER_LOSS = 1
+# A job the cluster cancelled is given again this many times. The scheduler cancels a client's
+# jobs when it drops that client: a client starved of CPU on a loaded host misses its heartbeats,
+# reconnects, and finds every job it had submitted gone. Nothing of the job was graded then.
+RESUBMITS_AFTER_CANCEL = 2
 # Workers must be allowed children of their own: some items' trusted checks run a DataLoader with
 # worker processes (lab 06). A nanny reads this each time it starts or restarts its worker.
 NON_DAEMONIC_WORKERS = {"distributed.worker.daemon": False}
@@ -113,23 +117,40 @@ def _dask(specs: list[JobSpec], *, workers: int, scheduler: str | None, gpu: boo
 
 def _collect(specs: list[JobSpec], cluster, scheduler: str | None, gpu: bool) -> Iterator[dict]:
     from distributed import Client, as_completed
+    from distributed.client import FutureCancelledError
     from distributed.scheduler import KilledWorker
 
     try:
         with Client(scheduler or cluster, set_as_default=False) as client:
             resources = {"GPU": 1} if gpu else None
-            futures = {client.submit(grade_job, spec, key=_job_key(spec.lab, spec.student), pure=False,
-                                     resources=resources): spec for spec in specs}
-            for future in as_completed(futures, loop=client.loop):
-                spec = futures[future]
+
+            def submit(spec: JobSpec, attempt: int = 0):
+                # A fresh key for a resubmission: the cancelled task's key may linger on the scheduler.
+                key = _job_key(spec.lab, spec.student) + (f"-again{attempt}" if attempt else "")
+                return client.submit(grade_job, spec, key=key, pure=False, resources=resources)
+
+            futures = {submit(spec): (spec, 0) for spec in specs}
+            pending = as_completed(futures, loop=client.loop)
+            for future in pending:
+                spec, attempt = futures.pop(future)
                 try:
-                    yield future.result()
+                    result = future.result()
                 except KilledWorker:
-                    yield _lost(spec, f"the grading worker died while holding this submission, "
-                                      f"{RETRIES_AFTER_WORKER_LOSS + 1} times: regrade it with --student")
+                    result = _lost(spec, f"the grading worker died while holding this submission, "
+                                         f"{RETRIES_AFTER_WORKER_LOSS + 1} times: regrade it with --student")
+                except FutureCancelledError as exc:
+                    if attempt < RESUBMITS_AFTER_CANCEL:
+                        again = submit(spec, attempt + 1)
+                        futures[again] = (spec, attempt + 1)
+                        pending.add(again)
+                        future.release()
+                        continue
+                    result = _lost(spec, f"the cluster cancelled this submission {attempt + 1} times "
+                                         f"({exc}): regrade it with --student")
                 except Exception as exc:  # noqa: BLE001 - e.g. the scheduler lost the job's data
-                    yield _lost(spec, f"the cluster could not grade this submission: {type(exc).__name__}: {exc}")
+                    result = _lost(spec, f"the cluster could not grade this submission: {type(exc).__name__}: {exc}")
                 future.release()
+                yield result
     finally:
         if cluster is not None:
             cluster.close()

@@ -66,7 +66,7 @@ def _scores(course, students):
 
 @pytest.mark.slow
 def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cpu):
-    from distributed import Client
+    from distributed import Client, Future
 
     course = load_course
     students = course.students(LAB)
@@ -76,9 +76,18 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     cluster = batch.local_cluster(2, gpu=False)
     killed: list[str] = []  # keys of the jobs that were on a killed worker (running or queued)
     kills: list[int] = []  # how many results were in when each kill came
+    cancelled: list[str] = []  # the key of a job the scheduler was made to cancel
     try:
         with Client(cluster, set_as_default=False) as spy:
             def kill_a_busy_worker(done, total, record):
+                # After 10 results the scheduler cancels a job still to come, as it does every job of
+                # a client it dropped: the job must be given again, not recorded as lost.
+                if done >= 10 and not cancelled:
+                    waiting = [batch._job_key(LAB, s) for s in students if not course.records.joinpath(
+                        LAB, f"{s}.json").exists() and batch._job_key(LAB, s) not in killed]
+                    if waiting:
+                        cancelled.append(waiting[-1])
+                        spy.cancel([Future(waiting[-1], spy)], force=True, reason="dropped client")
                 # The first kill after 6 results, the second after 14 or as soon as a worker qualifies.
                 if len(kills) >= 2 or done < (6, 14)[len(kills)]:
                     return
@@ -97,6 +106,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
         cluster.close()
 
     assert len(kills) == 2 and kills[-1] < len(jobs), f"two busy workers killed mid-run: {kills}"
+    assert len(cancelled) == 1, "a job was cancelled mid-run"
     # Exactly one final state per submission, all graded: the killed workers' jobs were given again.
     events = [json.loads(line) for line in (course.root / "runs" / f"{summary.run_id}.jsonl").read_text().splitlines()]
     finals = [(e["lab"], e["student"]) for e in events if e["event"] == "final"]
