@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,12 @@ def throughput(course: Course, submissions: int, workers: list[int]) -> list[dic
     return rows
 
 
+def _unfinished_jobs(dask_scheduler) -> int:
+    """Grading jobs the scheduler still has to run (waiting, queued or on a worker)."""
+    return sum(1 for key, task in dask_scheduler.tasks.items()
+               if str(key).startswith("grade-") and task.state in ("waiting", "queued", "no-worker", "processing"))
+
+
 def load(course: Course, submissions: int, workers: int, kills: int) -> dict:
     from distributed import Client
 
@@ -57,29 +64,45 @@ def load(course: Course, submissions: int, workers: int, kills: int) -> dict:
     oversubscribed = max(1.0, workers / (os.cpu_count() or 1))
     profile = {**profile, "limits": {**profile["limits"], "wall_s": round(10 * oversubscribed)}}
     jobs = [(loadtest.LAB, s) for s in students]
-    # Kill k comes once (k + 1) / (kills + 1) of the results are in, or as soon after as a busy worker
-    # holds no job a kill already cost (that one must be retried, not lost).
+    # Kill k comes once (k + 1) / (kills + 1) of the jobs are finished on the scheduler, or as soon
+    # after as a busy worker holds no job a kill already cost (that one must be retried, not lost).
+    # Counted on the scheduler, not by results received: a client starved of CPU receives them in
+    # bursts, and by the time it counts two thirds no worker may be busy any more.
     kill_at = [submissions * (k + 1) // (kills + 1) for k in range(kills)]
     killed: list[str] = []  # keys of the jobs that were on a killed worker (running or queued)
     kills_done = []
     started = time.monotonic()
     cluster = batch.local_cluster(workers, gpu=False)
+    stop = threading.Event()
     try:
         with Client(cluster, set_as_default=False) as spy:
+            def kill_on_schedule():
+                seen_jobs = False
+                while not stop.is_set() and len(kills_done) < kills:
+                    waiting = spy.run_on_scheduler(_unfinished_jobs)
+                    seen_jobs = seen_jobs or waiting > 0
+                    done = submissions - waiting
+                    if seen_jobs and done >= kill_at[len(kills_done)]:
+                        for address, keys in spy.processing().items():
+                            if keys and not set(keys) & set(killed):
+                                killed.extend(keys)
+                                kills_done.append(done)
+                                os.kill(spy.run(os.getpid, workers=[address])[address], signal.SIGKILL)
+                                print(f"killed the worker holding {', '.join(keys)} with {done} jobs finished",
+                                      flush=True)
+                                break
+                    stop.wait(1.0)
+
             def progress(done, total, record):
                 if done % 50 == 0:
                     print(f"{done}/{total} in {time.monotonic() - started:.0f} s", flush=True)
-                if len(kills_done) < kills and done >= kill_at[len(kills_done)]:
-                    for address, keys in spy.processing().items():
-                        if keys and not set(keys) & set(killed):
-                            killed.extend(keys)
-                            kills_done.append(done)
-                            os.kill(spy.run(os.getpid, workers=[address])[address], signal.SIGKILL)
-                            print(f"killed the worker holding {', '.join(keys)} after {done} results", flush=True)
-                            return
 
+            killer = threading.Thread(target=kill_on_schedule, daemon=True)
+            killer.start()
             summary = batch.grade(course, jobs, profile=profile, seed=1, scheduler=cluster.scheduler_address,
                                   execute=False, only=[loadtest.ITEM], progress=progress)
+            stop.set()
+            killer.join()
     finally:
         cluster.close()
     seconds = time.monotonic() - started
