@@ -49,9 +49,10 @@ def throughput(course: Course, submissions: int, workers: list[int]) -> list[dic
 
 
 def _unfinished_jobs(dask_scheduler) -> int:
-    """Grading jobs the scheduler still has to run (waiting, queued or on a worker)."""
-    return sum(1 for key, task in dask_scheduler.tasks.items()
-               if str(key).startswith("grade-") and task.state in ("waiting", "queued", "no-worker", "processing"))
+    """Grading jobs the scheduler still has to run: not yet taken in ("released", right after the
+    client submits them), waiting, queued or on a worker."""
+    return sum(1 for key, task in dask_scheduler.tasks.items() if str(key).startswith("grade-")
+               and task.state in ("released", "waiting", "queued", "no-worker", "processing"))
 
 
 def load(course: Course, submissions: int, workers: int, kills: int) -> dict:
