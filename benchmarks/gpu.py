@@ -207,11 +207,11 @@ def technique_benchmarks() -> list[str]:
 
 
 _CELL = re.compile(r"^# %%.*?nbgrader=(\{.*\})\s*$")
-_MARKERS = {"### BEGIN SOLUTION", "### END SOLUTION"}
 
 
 def reference_cells(lab_source: Path) -> dict[str, str]:
     """The solution cells of a jupytext lab, markers removed, read without jupytext: grade_id -> code."""
+    from autograder import strip
     cells: dict[str, list[str]] = {}
     current = None
     for line in lab_source.read_text().splitlines():
@@ -221,7 +221,7 @@ def reference_cells(lab_source: Path) -> dict[str, str]:
             current = meta["grade_id"] if meta.get("solution") else None
             if current:
                 cells[current] = []
-        elif current is not None and line.strip() not in _MARKERS:
+        elif current is not None and line.strip() not in (strip.BEGIN, strip.END):
             cells[current].append(line)
     return {k: "\n".join(v).strip() + "\n" for k, v in cells.items()}
 

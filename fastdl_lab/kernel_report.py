@@ -51,7 +51,7 @@ class Launch:
     tensor_core: Callable[[int], str] | None = None
 
 
-def _dot_path(capability: int) -> str:
+def dot_path(capability: int) -> str:
     # Hopper's warpgroup MMA is the fast path on sm_90; everything before it has mma.sync only.
     return "wgmma" if capability >= 90 else "mma"
 
@@ -70,10 +70,10 @@ def launches() -> list[Launch]:
             return gemm.compiled(capability, f16, config=configs[index]) if index < len(configs) else None
         return build
 
-    out = [Launch("gemm", f"fp16 4096x4096x4096, autotune config {i}", gemm_config(i), _dot_path)
+    out = [Launch("gemm", f"fp16 4096x4096x4096, autotune config {i}", gemm_config(i), dot_path)
            for i in range(max(len(gemm.autotune_configs(c)) for c in TARGETS))]
     out.append(Launch("gemm", "fp16 4096x4096x4000 (ragged K)",
-                      lambda cap: gemm.compiled(cap, f16, even_k=False), _dot_path))
+                      lambda cap: gemm.compiled(cap, f16, even_k=False), dot_path))
     for n_cols in (1000, 8192, 32768):
         out.append(Launch("softmax", f"fp16 rows of {n_cols}",
                           lambda cap, n=n_cols: softmax.compiled(cap, f16, n_cols=n)))
@@ -86,17 +86,13 @@ def launches() -> list[Launch]:
             out.append(Launch(f"attention.{which}", shape,
                               lambda cap, w=which, c=causal, e=even_n: attention.compiled(
                                   cap, f16, which=w, head_dim=64, causal=c, even_n=e),
-                              None if which == "bwd_preprocess" else _dot_path))
+                              None if which == "bwd_preprocess" else dot_path))
     out.append(Launch("attention.fwd", "fp16 d=128 causal",
-                      lambda cap: attention.compiled(cap, f16, which="fwd", head_dim=128), _dot_path))
+                      lambda cap: attention.compiled(cap, f16, which="fwd", head_dim=128), dot_path))
     out.append(Launch("rowsum", "fp32 rows", lambda cap: rowsum.compiled(cap, torch.float32)))
     out.append(Launch("optim.adamw", "fp32 params, fp32 master", lambda cap: optim.compiled(cap, has_master=True)))
-    out.append(Launch("quant.int8_matmul", "int8 x int8", lambda cap: w8a8.compiled(cap), _dot_path))
+    out.append(Launch("quant.int8_matmul", "int8 x int8", lambda cap: w8a8.compiled(cap), dot_path))
     return out
-
-
-def _tool(name: str) -> str:
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
@@ -112,7 +108,7 @@ def spill_bytes(compiled) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "kernel.ptx"
         source.write_text(compiled.asm["ptx"])
-        report = _run([_tool("ptxas"), "-lineinfo", "-v", "--regAllocOptLevel=2",
+        report = _run([triton_aot.nvidia_tool("ptxas"), "-lineinfo", "-v", "--regAllocOptLevel=2",
                        f"--gpu-name={sm_arch_from_capability(capability)}", str(source),
                        "-o", str(Path(tmp) / "kernel.cubin")]).stderr
     found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
@@ -126,7 +122,7 @@ def sass(compiled) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        return _run([_tool("cuobjdump"), "-sass", str(cubin)]).stdout
+        return _run([triton_aot.nvidia_tool("cuobjdump"), "-sass", str(cubin)]).stdout
 
 
 # "/*2280*/   @P5 BRA 0x1b40 ;": the address of the branch, an optional predicate, the target.

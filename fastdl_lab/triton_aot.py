@@ -121,7 +121,8 @@ def _compilable(kernel) -> Iterator[JITFunction]:
             namespace[name] = value
 
 
-def _arg_names(kernel) -> list[str]:
+def arg_names(kernel) -> list[str]:
+    """The parameters of a @triton.jit kernel (interpreted or not), in order."""
     if not isinstance(kernel, (JITFunction, _interpreted_type())):
         raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
     code = kernel.fn.__code__
@@ -168,7 +169,7 @@ def compile_kernel(
     Under the interpreter the swap of jit functions is process-wide while it lasts: do not run
     interpreted kernels on another thread during a compilation.
     """
-    names = _arg_names(kernel)
+    names = arg_names(kernel)
     unknown = sorted((set(signature) | set(constexprs)) - set(names))
     if unknown:
         raise ValueError(f"{getattr(kernel, '__name__', kernel)} has no argument(s) {unknown}; "
@@ -195,9 +196,10 @@ def compile_kernel(
     return compiled
 
 
-def _cuobjdump() -> str:
-    # Shipped with Triton's NVIDIA backend, beside the ptxas that built the cubin.
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+def nvidia_tool(name: str) -> str:
+    """Path of one of the CUDA tools Triton's NVIDIA backend ships (``ptxas``, ``cuobjdump``,
+    ``nvdisasm``): the ones that built the cubin, so they read it the way it was made."""
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
 def resources(compiled) -> dict[str, int]:
@@ -208,7 +210,7 @@ def resources(compiled) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        report = subprocess.run([_cuobjdump(), "--dump-resource-usage", str(cubin)], capture_output=True,
+        report = subprocess.run([nvidia_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
                                 text=True, check=True, timeout=60).stdout
     usage = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)", report)
     if usage is None:

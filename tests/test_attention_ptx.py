@@ -4,12 +4,11 @@ uses there, reaches the tensor cores, spills nothing and fits the SM's shared me
 import pytest
 import torch
 
-from fastdl_lab import attention, device, triton_aot
+from fastdl_lab import attention, device, kernel_report, triton_aot
 
 # The kernels holding a matrix product; the preprocess kernel is a row reduction.
 MATMUL_KERNELS = ["fwd", "bwd_dkdv", "bwd_dq"]
-# Shared memory one block may use (opt-in maximum): A100 163 KiB, H100 227 KiB.
-SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+SHARED_LIMIT = kernel_report.SHARED_LIMIT
 
 
 @pytest.mark.parametrize("capability", [80, 90])

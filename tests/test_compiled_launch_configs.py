@@ -8,11 +8,9 @@ sizes, and the proof that launchers take their configuration from ``default_conf
 import pytest
 import torch
 
-from fastdl_lab import checks, gemm, layernorm, optim, rowsum, softmax, triton_aot
+from fastdl_lab import checks, gemm, kernel_report, layernorm, optim, rowsum, softmax, triton_aot
 
-# Largest shared memory one block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-SHARED_LIMIT = {80: 166912, 90: 232448}
-TENSOR_CORE = {80: "mma", 90: "wgmma"}
+SHARED_LIMIT = kernel_report.SHARED_LIMIT
 CAPABILITIES = [80, 90]
 
 
@@ -25,7 +23,7 @@ def _fits(kernel, capability: int) -> dict:
 
 def _tensor_cores(kernel, capability: int) -> None:
     summary = triton_aot.ptx_summary(kernel.asm["ptx"])
-    assert summary[TENSOR_CORE[capability]] > 0, summary
+    assert summary[kernel_report.dot_path(capability)] > 0, summary
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES)

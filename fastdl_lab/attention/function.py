@@ -362,8 +362,7 @@ def compiled(capability: int = 90, dtype: torch.dtype = torch.float16, *, which:
         bm, bn = config["bwd_block_m"], config["bwd_block_n"]
         warps, stages = config["bwd_num_warps"], config["bwd_num_stages"]
     chosen = kernel or KERNELS[which]
-    code = chosen.fn.__code__
-    names = code.co_varnames[: code.co_argcount]
+    names = triton_aot.arg_names(chosen)
     flags = {"CAUSAL": causal, "BLOCK_M": bm, "BLOCK_N": bn, "HEAD_DIM": head_dim, "EVEN_N": even_n}
     constexprs = {name: value for name, value in flags.items() if name in names}
     ty = device.TRITON_TYPES[dtype]
