@@ -142,7 +142,7 @@ class Course:
 
     def nbgrader(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         """Run one nbgrader command in the course folder; the caller decides what failure means."""
-        argv = [sys.executable, "-m", "nbgrader", *args]
+        argv = [sys.executable, "-m", "autograder.nbgrader_main", *args]
         return subprocess.run(argv, cwd=self.root, capture_output=True, text=True, timeout=timeout,
                               env=tool_env())
 

@@ -270,12 +270,13 @@ def _time_section(all_records: list[dict]) -> str:
     timed = [(grading_seconds(r), r) for r in all_records]
     totals = [t["total"] for t, _ in timed]
     parts.append(f'<p>{len(totals)} submissions, {sum(totals) / 60:.1f} min in all, '
-                 f'median {np.median(totals):.1f} s. Records that predate the grader\'s own clock show '
-                 f'nbgrader\'s time plus each item\'s.</p>')
+                 f'median {np.median(totals):.1f} s. nbgrader runs beside the engine: a total is less than '
+                 f'their sum. Records that predate the grader\'s own clock show nbgrader\'s time plus each '
+                 f'item\'s.</p>')
     fig = Figure(figsize=(7, 3), dpi=72, layout="constrained")
     ax = fig.subplots()
     ax.hist(totals, bins=min(20, max(5, len(totals))), color="#55a868", edgecolor="white")
-    ax.set_xlabel("seconds per submission (nbgrader + engine)")
+    ax.set_xlabel("seconds per submission (wall time)")
     ax.set_ylabel("submissions")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     parts.append(_img(fig, "histogram of grading time per submission"))

@@ -26,7 +26,7 @@ class LabSummary:
     lab: str
     students: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # "student: what went wrong" (not the grade)
-    seconds: dict[str, float] = field(default_factory=dict)  # per student: nbgrader plus engine
+    seconds: dict[str, float] = field(default_factory=dict)  # per student: wall time (nbgrader beside the engine)
 
 
 def autograde(course: Course, lab: LabSpec, *, profile: dict, seed: int,

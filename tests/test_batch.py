@@ -193,6 +193,27 @@ def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, mo
     assert any("first: not graded" in f for f in summary.failures)
 
 
+def test_the_scratch_course_is_made_once_per_source_of_the_lab(course, tmp_path, monkeypatch):
+    from autograder import jobs
+
+    copy = copy_build(course, tmp_path / "course")
+    made = []
+    generate = jobs._generate_scratch
+    monkeypatch.setattr(jobs, "_generate_scratch", lambda *a: (made.append(a[1]), generate(*a)))
+    first = jobs.prepare_scratch(copy, LAB, tmp_path / "batch1")
+    second = jobs.prepare_scratch(copy, LAB, tmp_path / "batch2")
+    assert made == [LAB]
+    for root in (first, second):
+        assert (root / "gradebook.db").is_file() and (root / "release" / LAB).is_dir()
+        # Each copy's config names its own folder and gradebook, not the kept one's.
+        assert f"'{root}'" in (root / "nbgrader_config.py").read_text()
+    source = copy.root / "source" / LAB / f"{LAB}.ipynb"
+    source.write_text(source.read_text() + "\n")
+    jobs.prepare_scratch(copy, LAB, tmp_path / "batch3")
+    assert made == [LAB, LAB]
+    assert len(list((copy.root / jobs.SCRATCH_CACHE).glob(f"{LAB}-*"))) == 1
+
+
 def test_journal_survives_a_line_cut_short(tmp_path):
     run = journal.start(tmp_path, seed=7, profile="cpu", jobs=[("00_measure", "a"), ("00_measure", "b")],
                         options={"execute": False, "only": ["roofline"]})

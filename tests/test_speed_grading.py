@@ -143,6 +143,53 @@ def test_speed_items_run_alone_after_every_other_item():
     assert any(later[0] < earlier[1] for earlier, later in zip(shared, shared[1:]))
 
 
+def test_nbgrader_runs_beside_the_items_in_one_of_their_slots_and_ends_before_the_speed_items():
+    items = [_item("a", False), _item("fast", True), _item("b", False), _item("c", False)]
+    spans, lock = {}, threading.Lock()
+    running, most = 0, 0
+
+    def span(name, seconds):
+        nonlocal running, most
+        began = time.monotonic()
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(seconds)
+        with lock:
+            running -= 1
+            spans[name] = (began, time.monotonic())
+
+    def grade_one(item):
+        span(item.name, 0.05)
+        return grade.ItemResult(item.name, 0.0, 1.0, "failed", item.name)
+
+    results = grade.run_items(items, grade_one, parallel=2, alongside=lambda: span("nbgrader", 0.3))
+    assert [r.item for r in results] == [it.name for it in items]
+    # Beside the items: all three shared items ran, one at a time, while nbgrader ran...
+    assert all(spans[n][1] <= spans["nbgrader"][1] for n in "abc")
+    # ...in its slot, so never more processes at once than ``parallel``...
+    assert most == 2
+    # ...and the speed item waited for it.
+    assert spans["fast"][0] >= spans["nbgrader"][1]
+
+
+def test_what_runs_beside_the_items_raises_after_they_end():
+    ended = []
+
+    def grade_one(item):
+        time.sleep(0.05)
+        ended.append(item.name)
+        return grade.ItemResult(item.name, 0.0, 1.0, "failed", item.name)
+
+    def broken():
+        raise RuntimeError("nbgrader fault")
+
+    with pytest.raises(RuntimeError, match="nbgrader fault"):
+        grade.run_items([_item("a", False), _item("b", False), _item("fast", True)], grade_one, parallel=2,
+                        alongside=broken)
+    assert sorted(ended) == ["a", "b"]
+
+
 def _graded(timed: dict, marks: list) -> grade.ItemResult:
     from autograder.engine.items import Verdict
 

@@ -276,10 +276,14 @@ def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: 
                       reason, details={**details, "speedup": speedup, "phase_wall_s": wall_s})
 
 
-def run_items(items: list[Item], grade_one, parallel: int) -> list[ItemResult]:
+def run_items(items: list[Item], grade_one, parallel: int, alongside=None) -> list[ItemResult]:
     """``grade_one`` every item, in the order given: all but the speed items ``parallel`` at a
     time, then each speed item alone, once every other item's child has ended, so nothing shares
-    the GPU (or the cores, or the memory bus) with the code being timed."""
+    the GPU (or the cores, or the memory bus) with the code being timed.
+
+    ``alongside``, a callable (nbgrader's run of the notebook), takes one of the ``parallel``
+    slots beside the items, and also ends before the first speed item starts; what it raises is
+    raised here, after every item's child has ended."""
     from concurrent.futures import ThreadPoolExecutor
 
     shared = [i for i, item in enumerate(items) if not item.is_speed]
@@ -287,7 +291,10 @@ def run_items(items: list[Item], grade_one, parallel: int) -> list[ItemResult]:
     results: dict[int, ItemResult] = {}
     # Leaving the with-block waits for every shared item: no child of theirs outlives it.
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        beside = pool.submit(alongside) if alongside is not None else None
         results.update(zip(shared, pool.map(grade_one, [items[i] for i in shared])))
+    if beside is not None:
+        beside.result()
     for i in alone:
         results[i] = grade_one(items[i])
     return [results[i] for i in range(len(items))]
@@ -295,14 +302,16 @@ def run_items(items: list[Item], grade_one, parallel: int) -> list[ItemResult]:
 
 def grade_submission(
     lab: LabSpec, path: Path, *, release: Path, profile: dict, seed: int, student_package: Path, parallel: int = 2,
-    isolated: bool = True, only: set[str] | None = None,
+    isolated: bool = True, only: set[str] | None = None, alongside=None,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` (or those named in ``only``) in the notebook at ``path``; never
-    raises for the student's doing."""
+    raises for the student's doing. ``alongside`` runs once, as ``run_items`` says."""
     items = [it for it in lab.items if only is None or it.name in only]
     try:
         submitted = notebook.graded_cells(notebook.read_notebook(path))
     except notebook.NotebookError as exc:
+        if alongside is not None:
+            alongside()
         return [ItemResult(it.name, 0.0, it.points, "needs_gpu", NEEDS_GPU, counted=False)
                 if notebook.needs_gpu(it, profile) else
                 ItemResult(it.name, 0.0, it.points, "invalid_notebook", clean_reason(exc)) for it in items]
@@ -330,4 +339,4 @@ def grade_submission(
         result.wall_s = round(time.monotonic() - started, 3)
         return result
 
-    return run_items(items, grade_one, parallel)
+    return run_items(items, grade_one, parallel, alongside)
