@@ -1,13 +1,15 @@
 """Lab 09 custom ops: the LLTM cell in Python, C++ and CUDA C++, and as a torch.library operator.
 
-One cold C++ build per session (module fixture, private folder) serves every C++ test; a second,
-deliberately broken, build fails in the compiler's front end. The CUDA source is compiled to PTX
+One C++ build per session (module fixture, private folder, the precompiled torch/extension.h of
+the build cache) serves every C++ test; a second, deliberately broken, build fails in the
+compiler's front end, with a precompiled header the compiler cannot use. The CUDA source is compiled to PTX
 for sm_80 and sm_90 (one nvcc run each); building and running it needs a GPU host.
 """
 
 import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 
 from autograder.strip import STUB, strip_package
 from fastdl_lab import checks
-from fastdl_lab.custom import library, lltm, sources
+from fastdl_lab.custom import library, lltm, pch, sources
 from fastdl_lab.custom.lltm import PYTHON_OPS, LLTMOps, check_ops, lltm_cell, lltm_ref, make_inputs, ops_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,10 +29,20 @@ DTYPES = [torch.float64, torch.float32]
 
 
 @pytest.fixture(scope="module")
-def cpp(tmp_path_factory):
-    module = sources.build_cpp(sources.reference_cpp_source(), name="fastdl_lltm_test",
-                               build_dir=tmp_path_factory.mktemp("lltm_cpp"))
-    return ops_of(module, "cpp")
+def headers():
+    """The precompiled torch/extension.h in the build cache, shared with every build of the session."""
+    return pch.ensure(sources.OPTIMISE)
+
+
+@pytest.fixture(scope="module")
+def cpp_build(headers, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lltm_cpp")
+    return sources.build_cpp(sources.reference_cpp_source(), name="fastdl_lltm_test", build_dir=folder), folder
+
+
+@pytest.fixture(scope="module")
+def cpp(cpp_build):
+    return ops_of(cpp_build[0], "cpp")
 
 
 def _gradcheck(ops: LLTMOps, shape, device="cpu") -> bool:
@@ -120,11 +132,37 @@ def test_module_backends_agree(cpp):
         lltm.LLTM(6, 4, backend="fortran")
 
 
-def test_broken_source_gives_the_first_compiler_error(tmp_path):
+def _pch_report(build_dir: Path) -> str:
+    """g++'s -H report for main.cpp under the build's own flags (from its build.ninja), preprocessing
+    only: the first line is "! FILE.gch" where the precompiled header is used."""
+    flags = next(line.split("=", 1)[1] for line in (build_dir / "build.ninja").read_text().splitlines()
+                 if line.startswith("cflags ="))
+    done = subprocess.run(["c++", "-H", "-E", "-fpch-preprocess", *shlex.split(flags), str(build_dir / "main.cpp"),
+                           "-o", os.devnull], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_the_build_takes_torch_extension_h_precompiled(cpp_build, headers):
+    _, folder = cpp_build
+    assert _pch_report(folder).splitlines()[0] == f"! {headers / pch.HEADER}.gch"
+    assert (headers / f"{pch.HEADER}.gch").stat().st_size > 1 << 20
+
+
+def test_broken_source_gives_the_first_compiler_error(tmp_path, monkeypatch):
+    # With a .gch g++ cannot use: it says so, parses the header from its source, and the
+    # student's first error is found as without a precompiled header at all.
+    unusable = tmp_path / "pch" / pch.key(sources.OPTIMISE)
+    (unusable / "torch").mkdir(parents=True)
+    (unusable / pch.HEADER).write_text(pch.FALLBACK)
+    (unusable / f"{pch.HEADER}.gch").write_text("not a precompiled header")
+    (unusable / pch.KEY_FILE).write_text(pch.key(sources.OPTIMISE))
+    monkeypatch.setenv(pch.ENV_VAR, str(unusable.parent))
     broken = sources.reference_cpp_source().replace("torch::sigmoid(gates[1])", "torch::sigmoid(gates[1]) +")
     broken = broken.replace("auto new_h =", "auto new_h = undeclared_name +")
     with pytest.raises(RuntimeError) as failure:
-        sources.build_cpp(broken, name="fastdl_lltm_broken", build_dir=tmp_path)
+        sources.build_cpp(broken, name="fastdl_lltm_broken", build_dir=tmp_path / "build")
+    assert re.search(r"extension\.h\.gch: not a PCH file \[-Winvalid-pch\]", str(failure.value))
     reason = sources.first_compiler_error(str(failure.value))
     assert reason.startswith("main.cpp:") and "error:" in reason, reason
     assert str(tmp_path) not in reason

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +40,9 @@ OUTPUTS_CAP = 2 << 30
 ERROR_CAP = 64 << 10
 # Where the grader's driver code appears inside the sandbox.
 GRADER_DIR = "/opt/fastdl/grader"
+# Where the precompiled torch/extension.h appears, read-only: the root of fastdl_lab.custom.pch's
+# folders, holding the one folder the grader made.
+PCH_DIR = "/opt/fastdl/pch"
 
 
 @dataclass
@@ -160,15 +164,32 @@ class _Workdir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox) -> ChildResult:
+def _precompiled_headers() -> Path | None:
+    """The precompiled torch/extension.h, made on first use; None where it cannot be made (the
+    build then parses the header itself, and a missing compiler is the build's named error)."""
+    from fastdl_lab.custom import pch, sources
+
+    try:
+        return pch.ensure(sources.OPTIMISE)
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return None
+
+
+def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None) -> ChildResult:
     env = _child_env(sandbox, work.path)
+    if headers is not None:
+        from fastdl_lab.custom.pch import ENV_VAR
+
+        env[ENV_VAR] = str(headers.parent) if not sandbox.isolated else PCH_DIR
     mark = speed.MARK if work.job["mode"] == "speed" else None
     if not sandbox.isolated:
         argv = [sys.executable, "-m", "autograder.engine.child", work.path]
         return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, mark=mark)
-    view = bwrap.View(work.path, read_only={str(sandbox.student_package): bwrap.STUDENT_DIR,
-                                            str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"},
-                      gpu=bool(sandbox.profile.get("gpu")))
+    read_only = {str(sandbox.student_package): bwrap.STUDENT_DIR,
+                 str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"}
+    if headers is not None:
+        read_only[str(headers)] = f"{PCH_DIR}/{headers.name}"
+    view = bwrap.View(work.path, read_only=read_only, gpu=bool(sandbox.profile.get("gpu")))
     argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]
     return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view, mark=mark)
 
@@ -234,7 +255,8 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
     except artefacts.ArtefactRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
     try:
-        result = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
+        headers = _precompiled_headers() if item.torch_headers else None
+        result = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers)
         if not result.ok:
             return _failure(item, result, work)
         outputs, unreadable = _read_outputs(work)

@@ -297,7 +297,7 @@ LAB = LabSpec(
     preamble="from fastdl_lab import device\n",
     items=[
         Item("cpp_lltm", 4, ("cpp_code",), cpp_inputs, cpp_drive, cpp_check, artefacts=("LLTM_CPP",), scope=SCOPE,
-             build_s=180, description="your C++ LLTM forward and backward, built in the sandbox: forward equals "
+             build_s=180, torch_headers=True, description="your C++ LLTM forward and backward, built in the sandbox: forward equals "
                                       "the Python cell, gradients equal autograd's (float64)"),
         Item("per_channel_int8", 2, ("quant_code",), quant_inputs, quant_drive, quant_check,
              artefacts=("quantize_per_channel",), scope=SCOPE,
