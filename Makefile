@@ -104,9 +104,12 @@ demo: $(STAMP) sandbox-tool c-compiler
 # busy at a time, so two workers share the files (each file on one worker: its module fixtures
 # are made once); the graded demo class, the longest file, starts first (tests/conftest.py).
 TEST_WORKERS ?= 2
+# The cores shared out between the workers: torch's thread pools default to one thread per core,
+# and two processes spinning pools on the same cores slow each other down.
+TEST_THREADS ?= $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 test: $(STAMP) sandbox-tool c-compiler
 	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
-	$(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-e2e: $(STAMP) sandbox-tool hub-proxy browser-tool
 	$(BIN)/python -m pytest -m e2e

@@ -88,6 +88,9 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
     # experiments need only run, at tiny sizes (fastdl_lab.device.quick). FASTDL_QUICK=0 in the
     # instructor's environment keeps them full size.
     env.setdefault(kernel_jail.QUICK_VAR, "1")
+    # The run takes one of the engine's item slots (grade_job), and gets the threads an item's child
+    # gets: with more, its kernel's thread pools and the items' fight over the same cores.
+    env["OMP_NUM_THREADS"] = str(profile.get("threads", 1))
     env[kernel_jail.GPU_VAR] = "1" if profile.get("gpu") else "0"
     if not isolated:
         env[kernel_jail.UNSAFE_VAR] = "1"

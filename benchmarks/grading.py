@@ -14,7 +14,11 @@ sandboxed items), then appends one row per lab, with hardware columns, to
   overlap (nbgrader runs in one of the engine's item slots) in rows with ``setup_s``; before,
   ``engine_s`` was ``submission_s - nbgrader_s``.
 
-    python benchmarks/grading.py [--labs 01_gemm ...] [--dry-run]
+``--beside`` compares, on the same machine and course, nbgrader's run beside the engine's items
+(as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
+``--rounds`` times per lab after a warm-up, one row per run in ``grading_beside.csv``.
+
+    python benchmarks/grading.py [--labs 01_gemm ...] [--beside [--rounds 2]] [--dry-run]
 """
 
 import argparse
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from autograder import jobs, pipeline, profiles
 from autograder.course import Course, build
+from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs
 from autograder.submissions import make_submission, reference_solutions
 from fastdl_lab import measure
@@ -34,10 +39,17 @@ from fastdl_lab.custom import pch, sources
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--labs", nargs="*", help="labs to time (default: all)")
+    parser.add_argument("--beside", action="store_true", help="nbgrader beside the items against nbgrader first")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each arrangement per lab (--beside)")
     parser.add_argument("--dry-run", action="store_true", help="print the rows, record nothing")
     args = parser.parse_args(argv)
     labs = args.labs or list(all_labs())
     profile = profiles.load(None)
+    if args.beside:
+        rows = _beside(labs, profile, args.rounds)
+        if not args.dry_run:
+            print(f"appended {len(rows)} rows to {measure.append_results('grading_beside', rows)}")
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         course = Course(Path(tmp))
@@ -60,6 +72,37 @@ def main(argv=None) -> None:
             print(rows[-1])
     if not args.dry_run:
         print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
+
+
+def _nbgrader_first(*args, alongside=None, **kwargs):
+    """``jobs.grade_submission`` as it was before nbgrader ran beside the items: nbgrader's run,
+    then the items."""
+    if alongside is not None:
+        alongside()
+    return grade_submission(*args, **kwargs)
+
+
+def _beside(labs: list[str], profile: dict, rounds: int) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        course = Course(Path(tmp))
+        build(course, labs)
+        for lab in labs:
+            make_submission(course, lab, "reference", reference_solutions(course, lab))
+            # The warm-up makes the lab's scratch course and, for lab 09, the precompiled header.
+            pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
+            for run in range(rounds):
+                for arrangement, grade in (("beside", grade_submission), ("nbgrader_first", _nbgrader_first)):
+                    jobs.grade_submission = grade
+                    try:
+                        pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
+                    finally:
+                        jobs.grade_submission = grade_submission
+                    seconds = json.loads((course.records / lab / "reference.json").read_text())["seconds"]
+                    rows.append({"lab": lab, "profile": profile["name"], "arrangement": arrangement, "round": run,
+                                 "submission_s": seconds["total"], "nbgrader_s": seconds["nbgrader"]})
+                    print(rows[-1])
+    return rows
 
 
 if __name__ == "__main__":

@@ -51,23 +51,29 @@ def test_bench_keeps_sampling_until_min_run_s():
     assert sum(result.samples) >= 0.02
 
 
-def test_bench_fixes_and_restores_threads():
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads to start from (the suite runs with one), put back afterwards."""
     before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield 2
+    torch.set_num_threads(before)
+
+
+def test_bench_fixes_and_restores_threads(two_threads):
     seen = []
     timing.bench(lambda: seen.append(torch.get_num_threads()), warmup=1, reps=2, threads=1)
     assert set(seen) == {1}
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == two_threads
 
 
-def test_threads_are_restored_when_the_function_raises():
-    before = torch.get_num_threads()
-
+def test_threads_are_restored_when_the_function_raises(two_threads):
     def boom():
         raise RuntimeError("kernel failed")
 
     with pytest.raises(RuntimeError):
         timing.bench(boom, threads=1)
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == two_threads
 
 
 def test_bench_rejects_zero_reps():
