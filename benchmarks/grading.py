@@ -51,27 +51,38 @@ def main(argv=None) -> None:
             print(f"appended {len(rows)} rows to {measure.append_results('grading_beside', rows)}")
         return
     rows = []
+    for course, lab in _references(labs):
+        started = time.monotonic()
+        jobs.prepare_scratch(course, lab, course.root / ".setup")
+        if any(item.torch_headers for item in all_labs()[lab].items):
+            pch.ensure(sources.OPTIMISE)
+        setup_s = time.monotonic() - started
+        seconds, record, summary = _grade(course, lab, profile)
+        rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
+                     "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
+                     "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
+                     "setup_s": round(setup_s, 2)})
+        print(rows[-1])
+    if not args.dry_run:
+        print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
+
+
+def _references(labs: list[str]):
+    """A throw-away course with the reference submission of each lab: (course, lab) in turn."""
     with tempfile.TemporaryDirectory() as tmp:
         course = Course(Path(tmp))
         build(course, labs)
         for lab in labs:
             make_submission(course, lab, "reference", reference_solutions(course, lab))
-            started = time.monotonic()
-            jobs.prepare_scratch(course, lab, Path(tmp) / "setup")
-            if any(item.torch_headers for item in all_labs()[lab].items):
-                pch.ensure(sources.OPTIMISE)
-            setup_s = time.monotonic() - started
-            started = time.monotonic()
-            summary = pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
-            seconds = time.monotonic() - started
-            record = json.loads((course.records / lab / "reference.json").read_text())
-            score = sum(item["score"] for item in record["items"])
-            rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
-                         "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
-                         "score": score, "problems": len(summary.failures), "setup_s": round(setup_s, 2)})
-            print(rows[-1])
-    if not args.dry_run:
-        print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
+            yield course, lab
+
+
+def _grade(course: Course, lab: str, profile: dict):
+    """Wall seconds of ``autograde`` for the reference, its record and the lab's summary."""
+    started = time.monotonic()
+    summary = pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
+    seconds = time.monotonic() - started
+    return seconds, json.loads((course.records / lab / "reference.json").read_text()), summary
 
 
 def _nbgrader_first(*args, alongside=None, **kwargs):
@@ -84,24 +95,18 @@ def _nbgrader_first(*args, alongside=None, **kwargs):
 
 def _beside(labs: list[str], profile: dict, rounds: int) -> list[dict]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        course = Course(Path(tmp))
-        build(course, labs)
-        for lab in labs:
-            make_submission(course, lab, "reference", reference_solutions(course, lab))
-            # The warm-up makes the lab's scratch course and, for lab 09, the precompiled header.
-            pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
-            for run in range(rounds):
-                for arrangement, grade in (("beside", grade_submission), ("nbgrader_first", _nbgrader_first)):
-                    jobs.grade_submission = grade
-                    try:
-                        pipeline.autograde(course, all_labs()[lab], profile=profile, seed=0, students=["reference"])
-                    finally:
-                        jobs.grade_submission = grade_submission
-                    seconds = json.loads((course.records / lab / "reference.json").read_text())["seconds"]
-                    rows.append({"lab": lab, "profile": profile["name"], "arrangement": arrangement, "round": run,
-                                 "submission_s": seconds["total"], "nbgrader_s": seconds["nbgrader"]})
-                    print(rows[-1])
+    for course, lab in _references(labs):
+        _grade(course, lab, profile)  # the warm-up makes the scratch course and lab 09's precompiled header
+        for run in range(rounds):
+            for arrangement, grade in (("beside", grade_submission), ("nbgrader_first", _nbgrader_first)):
+                jobs.grade_submission = grade
+                try:
+                    _, record, _ = _grade(course, lab, profile)
+                finally:
+                    jobs.grade_submission = grade_submission
+                rows.append({"lab": lab, "profile": profile["name"], "arrangement": arrangement, "round": run,
+                             "submission_s": record["seconds"]["total"], "nbgrader_s": record["seconds"]["nbgrader"]})
+                print(rows[-1])
     return rows
 
 
