@@ -8,7 +8,8 @@ folder and the gradebook, so any number of jobs can run at once, on this machine
 whose workers see the course folder.
 
 nbgrader keeps a gradebook of its own while it runs; each job gives it a private copy of the lab's
-scratch course (made once per batch by ``prepare_scratch``), with a SQLite gradebook of its own.
+scratch course (``prepare_scratch``: one per source of the lab, kept in the course), with a SQLite
+gradebook of its own.
 """
 
 from __future__ import annotations
