@@ -22,6 +22,7 @@ from autograder.engine.grade import grade_submission
 from autograder.records import MAX_REASON_CHARS
 from autograder.engine.items import load_lab
 from autograder.submissions import variant
+from fastdl_lab.custom import pch, sources
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -80,6 +81,9 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
     (course.root / "runs").mkdir(exist_ok=True)
     (course.root / "runs" / "fastdl-adversarial-canary.jsonl").write_text("")
     before = {p: p.stat().st_mtime_ns for p in course.root.rglob("*") if p.is_file()}
+    # The precompiled torch/extension.h every C++ build of every student shares (lab 09).
+    shared = pch.ensure(sources.OPTIMISE) if lab == "09_custom_ops" else None
+    shared_before = {p: p.stat().st_mtime_ns for p in shared.rglob("*")} if shared else {}
     student = f"adversary-{fixture.stem}"
     path = variant(course, lab, student, fixture)
     results = {r.item: r for r in grade_submission(
@@ -100,6 +104,8 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
     changed = [p for p, mtime in before.items() if p.exists() and p.stat().st_mtime_ns != mtime
                and student not in p.parts]
     assert not changed, f"files of the course changed: {changed[:3]}"
+    if shared:
+        assert {p: p.stat().st_mtime_ns for p in shared.rglob("*")} == shared_before
     assert _processes_named(DAEMON) == []
 
 
