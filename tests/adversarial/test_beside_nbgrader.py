@@ -1,0 +1,125 @@
+"""A submission attacks what runs beside it while one job grades it: nbgrader's run of the notebook
+shares the job's item slots (``jobs.grade_job``), so the student's code in nbgrader's kernel and in
+an item's child run at the same time.
+
+The hostile cell is the reference's ``timing_code`` with an attack after it. Wherever it runs it
+lists every process it can see, looks for the engine's work folders, and sends SIGKILL to every
+process id there is but its own threads' and its parent's. In the item's child it then holds on for a while,
+so that nbgrader's kernel reaches the cell while that child is alive. The other item, the held one
+and nbgrader's run must all end as they would for the reference, and nbgrader's kernel must not
+have seen any process or folder of the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder import jobs
+from autograder.course import copy_build
+from autograder.engine.sandbox import descendants
+from autograder.submissions import make_submission, reference_solutions
+
+pytestmark = pytest.mark.slow
+LAB = "00_measure"
+REPORT = "BESIDE-ATTACK "
+# Long enough for nbgrader to start its kernel and reach the cell on a loaded machine.
+HOLD_S = 15
+ATTACK = f'''
+
+import glob as _glob
+import json as _json
+import os as _os
+import signal as _signal
+import time as _time
+
+def _attack():
+    seen = {{}}
+    for pid in filter(str.isdigit, _os.listdir("/proc")):
+        try:
+            with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                seen[pid] = f.read().replace(b"\\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            pass
+    # A thread's id is a process id to kill(): the kernel's own threads would take it down.
+    spared, killed = {{_os.getppid(), *map(int, _os.listdir("/proc/self/task"))}}, 0
+    for pid in range(2, 1 << 16):
+        if pid not in spared:
+            try:
+                _os.kill(pid, _signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return seen, _glob.glob("/tmp/fastdl-*"), killed
+
+_began = _time.time()
+_seen, _folders, _killed = _attack()
+# Again a moment later: whatever started in between.
+_time.sleep(1)
+_more, _more_folders, _more_killed = _attack()
+print({REPORT!r} + _json.dumps({{"began": _began, "ended": _time.time(), "processes": {{**_seen, **_more}},
+                                 "folders": _folders + _more_folders, "killed": _killed + _more_killed}}))
+if _os.path.exists("/job/job.json"):  # the engine's child of this item
+    _time.sleep({HOLD_S})
+'''
+
+
+def _watch_children(alive: list[float], stop: threading.Event) -> None:
+    """Stamps the moments at which an engine child started by this test exists."""
+    while not stop.is_set():
+        for pid in descendants(os.getpid()):
+            try:
+                if b"autograder.engine.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    alive.append(time.time())
+                    break
+            except OSError:
+                pass
+        stop.wait(0.1)
+
+
+def _reports(executed: str) -> list[dict]:
+    found = []
+    for cell in json.loads(executed)["cells"]:
+        for output in cell.get("outputs", ()):
+            text = output.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            found += [json.loads(m) for m in re.findall(re.escape(REPORT) + r"(\{.*\})", text)]
+    return found
+
+
+def test_code_in_nbgrader_kernel_and_item_children_cannot_reach_each_other(course, cpu, tmp_path):
+    copy = copy_build(course, tmp_path / "course")
+    cells = reference_solutions(copy, LAB)
+    cells["timing_code"] += ATTACK
+    make_submission(copy, LAB, "attacker", cells)
+    scratch = jobs.prepare_scratch(copy, LAB, tmp_path / "scratch")
+    spec = jobs.JobSpec(str(copy.root), str(scratch), LAB, "attacker", cpu, seed=5, item_parallel=2)
+
+    alive: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_children, args=(alive, stop), daemon=True)
+    watcher.start()
+    try:
+        result = jobs.grade_job(spec)
+    finally:
+        stop.set()
+        watcher.join()
+
+    assert not result["error"]
+    # The kernel survived its own attack and ran the rest of the notebook (a dead one is an error).
+    assert result["nbgrader"]["returncode"] == 0, result["nbgrader"]
+    # Both items, the held one included, graded as the reference's would be.
+    assert {i["item"]: i["status"] for i in result["items"]} == {"roofline": "passed", "timing": "passed"}
+    [report] = _reports(result["autograded"])
+    # nbgrader's kernel ran the attack while an engine child was alive...
+    assert any(report["began"] <= t <= report["ended"] for t in alive), (report["began"], report["ended"], alive[-3:])
+    # ...and saw none of it, nor nbgrader itself: only its own sandbox.
+    commands = " | ".join(report["processes"].values())
+    assert "autograder.engine.child" not in commands and "nbgrader" not in commands, commands
+    assert report["folders"] == []
