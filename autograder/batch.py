@@ -30,6 +30,7 @@ from autograder.course import Course
 from autograder.engine import bwrap
 from autograder.engine.items import load_lab
 from autograder.jobs import JobResult, JobSpec, grade_job, prepare_scratch
+from fastdl_lab import device
 
 NOT_GRADED = journal.NOT_GRADED
 # A job lost with its worker runs once more (the scheduler's allowed-failures; Dask's default is 3).
@@ -221,9 +222,14 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
 
     ``isolated=False`` (``--unsafe-no-isolation``) runs student code without the sandbox and says so
     in every reason; otherwise a machine that cannot isolate raises ``bwrap.IsolationUnavailable``
-    before anything is graded."""
+    before anything is graded. So does ``device.InterpreterBroken`` on a CPU profile where Triton's
+    interpreter cannot run the course's kernels."""
     if isolated:
         bwrap.check()
+    if not profile.get("gpu"):
+        # On a CPU profile every kernel runs under Triton's interpreter: where it is broken, every
+        # kernel item would grade as the student's error.
+        device.check_interpreter()
     run = run or journal.start(course.root, seed=seed, profile=profile["name"], jobs=jobs,
                                options={"execute": execute, "only": only, "only_per_job": only_per_job or [],
                                         "cell_timeout": cell_timeout})

@@ -13,6 +13,7 @@ from autograder import batch, gradebook, journal, pipeline, profiles, tables
 from autograder.course import ROOT, Course, build, tool_env
 from autograder.engine.items import all_labs, load_lab
 from autograder.progress import Progress, shown, summary_lines
+from fastdl_lab import device
 
 
 def _course(args) -> Course:
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n"
               "Install bubblewrap (apt-get install bubblewrap; `make demo` does it), or pass "
               "--unsafe-no-isolation to grade anyway with every row marked unsafe.", file=sys.stderr)
+        return 2
+    except device.InterpreterBroken as exc:
+        print(f"cannot grade on a CPU profile: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Every submission written so far is in the run journal (autograder/journal.py).

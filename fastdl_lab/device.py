@@ -376,7 +376,8 @@ def find_c_compiler(environ: dict[str, str] | None = None) -> str | None:
 def host_problems(facts: HostFacts) -> list[str]:
     """What keeps compiled Triton kernels from running on this host, one sentence each with the fix.
 
-    Empty on a CPU-only machine without an NVIDIA driver: there the interpreter is the plan.
+    Empty on a CPU-only machine without an NVIDIA driver: there the interpreter is the plan
+    (:func:`interpreter_problem` says whether it can run the kernels).
     """
     problems = []
     if facts.driver and not facts.torch_gpu:
@@ -413,6 +414,54 @@ def host_facts() -> HostFacts:
                      triton_interpret=os.environ.get("TRITON_INTERPRET"), triton=_package_version("triton"))
 
 
+class InterpreterBroken(RuntimeError):
+    """Triton's interpreter cannot run the course's kernels on this host; the message says why."""
+
+
+# Triton 3.6's interpreter hands a loop bound passed as an argument to ``range`` as a one-element
+# array and converts it with ``int()``, which NumPy 2.4 refuses for arrays that are not
+# 0-dimensional: every kernel with such a loop fails there (triton-lang/triton#9171, fixed in 3.7).
+_INTERPRETER_FIX = "install 'numpy<2.4' or Triton 3.7 or newer (triton-lang/triton#9171)"
+
+
+def known_interpreter_problem(triton: str | None, numpy: str | None) -> str | None:
+    """The sentence for a Triton and NumPy known not to run the course's kernels under the
+    interpreter, judged from their versions alone (``describe`` imports no Triton)."""
+    if triton and numpy and _version_tuple(triton)[:2] < (3, 7) and _version_tuple(numpy)[:2] >= (2, 4):
+        return (f"Triton {triton} with NumPy {numpy}: Triton's interpreter, which runs the kernels on a CPU, "
+                f"fails on every loop whose bound is an argument; {_INTERPRETER_FIX}")
+    return None
+
+
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the course's kernels on this host (one sentence with the
+    fix), or None where it can or where Triton is missing (a problem of its own).
+
+    Found by running a kernel (``fastdl_lab.interpreter_probe``), which imports Triton."""
+    try:
+        from fastdl_lab import interpreter_probe
+    except ImportError:
+        return None
+    versions = f"Triton {_package_version('triton')} with NumPy {_package_version('numpy')}"
+    try:
+        got = interpreter_probe.run()
+    except Exception as exc:  # noqa: BLE001 - whatever the interpreter raises is the answer
+        return (f"{versions}: Triton's interpreter, which runs the kernels on a CPU, fails on a loop whose "
+                f"bound is an argument ({type(exc).__name__}: {str(exc)[:160]}); {_INTERPRETER_FIX}")
+    if got != [0, 1, 2]:
+        return f"{versions}: Triton's interpreter computes {got} for [0, 1, 2]: install the course's pinned Triton"
+    return None
+
+
+def check_interpreter() -> None:
+    """Raise :class:`InterpreterBroken` where Triton's interpreter cannot run the course's kernels
+    (found by running one)."""
+    problem = interpreter_problem()
+    if problem:
+        raise InterpreterBroken(problem)
+
+
 # --------------------------------------------------------------------------------------------
 # Summary
 
@@ -446,5 +495,8 @@ def describe() -> str:
     elif d.kind == "cuda":
         lines.append("datasheet no peak figures known for this GPU")
     lines.append(f"profile   {profile_name()}")
-    lines += [f"MISSING   {problem}" for problem in host_problems(host_facts())]
+    problems = host_problems(host_facts())
+    if interpreting():
+        problems.append(known_interpreter_problem(_package_version("triton"), _package_version("numpy")))
+    lines += [f"MISSING   {problem}" for problem in problems if problem]
     return "\n".join(lines)

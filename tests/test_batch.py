@@ -193,6 +193,25 @@ def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, mo
     assert any("first: not graded" in f for f in summary.failures)
 
 
+def test_a_cpu_profile_is_not_graded_where_tritons_interpreter_is_broken(course, cpu, tmp_path, monkeypatch, capsys):
+    from fastdl_lab import device
+
+    copy = copy_build(course, tmp_path / "course")
+    make_submission(copy, LAB, "first", None)
+    broken = "Triton 3.6.0 with NumPy 2.4.6: Triton's interpreter ... fails; install 'numpy<2.4'"
+    monkeypatch.setattr(device, "interpreter_problem", lambda: broken)
+    # Every kernel item would grade as the student's error: nothing is graded, nothing is recorded.
+    with pytest.raises(device.InterpreterBroken, match="numpy<2.4"):
+        batch.grade(copy, [(LAB, "first")], profile=cpu, seed=SEED, execute=False)
+    assert not list((copy.root / "runs").glob("*.jsonl")) and not copy.records.exists()
+    assert cli.main(["--course", str(copy.root), "autograde", LAB, "--workers", "1"]) == 2
+    assert "cannot grade on a CPU profile: " + broken in capsys.readouterr().err
+    # A GPU profile runs compiled kernels: the interpreter is not asked.
+    monkeypatch.setattr(device, "interpreter_problem", lambda: pytest.fail("asked on a GPU profile"))
+    summary = batch.grade(copy, [(LAB, "first")], profile={**cpu, "gpu": True}, seed=SEED, execute=False)
+    assert (LAB, "first") in summary.graded
+
+
 def test_the_scratch_course_is_made_once_per_source_of_the_lab(course, tmp_path, monkeypatch):
     from autograder import jobs
 

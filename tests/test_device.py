@@ -156,6 +156,55 @@ def test_interpreter_off_is_no_problem_on_a_gpu_host():
     assert device.host_problems(dataclasses.replace(GPU_HOST, triton_interpret="0")) == []
 
 
+def test_triton_interpreter_runs_the_probe_kernel_here():
+    from fastdl_lab import interpreter_probe
+
+    assert interpreter_probe.run(5) == [0, 1, 2, 3, 4]
+    assert device.interpreter_problem() is None
+    assert "MISSING" not in device.describe()
+
+
+@pytest.mark.parametrize("triton, numpy, broken", [
+    ("3.6.0", "2.4.6", True), ("3.6.0", "2.5.0", True), ("3.5.1", "3.0.1", True),
+    ("3.6.0", "2.3.5", False), ("3.7.1", "2.4.6", False), ("3.10.0", "2.4.0", False), (None, "2.4.0", False),
+])
+def test_the_known_broken_triton_and_numpy_are_named_from_their_versions(triton, numpy, broken):
+    problem = device.known_interpreter_problem(triton, numpy)
+    assert (problem is not None) == broken
+    if broken:
+        assert f"Triton {triton} with NumPy {numpy}" in problem and "numpy<2.4" in problem
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_describe_names_a_broken_interpreter_only_where_it_runs_the_kernels(monkeypatch, interpret):
+    # A GPU host that compiles its kernels does not need the interpreter (make bench-gpu runs there).
+    versions = {"triton": "3.6.0", "numpy": "2.4.6"}
+    monkeypatch.setattr(device, "_package_version", lambda name: versions.get(name))
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    shown = "MISSING   Triton 3.6.0 with NumPy 2.4.6: Triton's interpreter" in device.describe()
+    assert shown == (interpret == "1")
+    assert not any("Triton's interpreter" in p for p in device.host_problems(device.host_facts()))
+
+
+def test_an_interpreter_that_raises_on_an_argument_bound_loop_is_named_with_its_fix(monkeypatch):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def numpy_2_4_refuses(self, *args, **kwargs):
+        # What Triton 3.6's interpreter raises under NumPy 2.4 (triton-lang/triton#9171).
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+    monkeypatch.setattr(InterpretedFunction, "run", numpy_2_4_refuses)
+    device.interpreter_problem.cache_clear()
+    try:
+        problem = device.interpreter_problem()
+        assert "fails on a loop whose bound is an argument" in problem
+        assert "only 0-dimensional arrays" in problem and "numpy<2.4" in problem
+        with pytest.raises(device.InterpreterBroken, match="triton-lang/triton#9171"):
+            device.check_interpreter()
+    finally:
+        device.interpreter_problem.cache_clear()
+
+
 def test_the_c_compiler_is_found_as_triton_finds_it(monkeypatch):
     assert device.find_c_compiler({"CC": "no-such-compiler-here -O2"}) is None
     assert device.find_c_compiler({"CC": "sh -c"}) == shutil.which("sh")
