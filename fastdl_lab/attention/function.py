@@ -101,7 +101,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     ``FlashAttentionFunction.apply(q, k, v, is_causal=False, scale=None)`` takes (batch, heads,
     tokens, head_dim) or (batch, tokens, head_dim) tensors; ``flash_attention`` is the same with
-    tile sizes, replacement kernels and PyTorch's option names.
+    tile sizes, replacement kernels and PyTorch's option names. ``is_causal`` and ``scale`` go by
+    keyword only where torch's ``Function.apply`` takes keywords (2.13 does, 2.11 does not).
     """
 
     @staticmethod
