@@ -154,3 +154,15 @@ def test_census_counts_new_and_changed_storages_and_refuses_other_collectives():
     assert result["wire"]["all_gathers"] == 1 and result["wire"]["gathered_bytes"] == 2 * 2 * 4
     assert result["wire"]["reduce_scatters"] == 1 and result["wire"]["reduced_bytes"] == 2 * 2 * 4
     assert "allreduce" in result["refused"]
+
+
+def test_an_older_torch_gets_the_collective_names_the_lab_teaches(monkeypatch):
+    from fastdl_lab import distributed
+
+    assert callable(dist.all_gather_single) and callable(dist.reduce_scatter_single)
+    # torch 2.11 has only all_gather_into_tensor and reduce_scatter_tensor.
+    for name in ("all_gather_single", "reduce_scatter_single"):
+        monkeypatch.delattr(dist, name)
+    distributed._name_collectives_as_newer_torch()
+    assert dist.all_gather_single is dist.all_gather_into_tensor
+    assert dist.reduce_scatter_single is dist.reduce_scatter_tensor

@@ -165,15 +165,19 @@ def _allreduce_on_the_backend(tensor):
     return 0
 
 
+# The process group's own single-tensor all-gather: all_gather_single in torch 2.13, _allgather_base before.
+GROUP_GATHER = "all_gather_single" if hasattr(dist.ProcessGroup, "all_gather_single") else "_allgather_base"
+
+
 def _all_gather_single_on_the_group(tensor):
     gathered = torch.empty(dist.get_world_size() * tensor.numel())
-    dist.group.WORLD.all_gather_single(gathered, tensor).wait()
+    getattr(dist.group.WORLD, GROUP_GATHER)(gathered, tensor).wait()
     return 0
 
 
 @pytest.mark.parametrize("allreduce, refusal", [
     (_allreduce_on_the_backend, "a backend's own allreduce"),
-    (_all_gather_single_on_the_group, "all_gather_single is a collective"),
+    (_all_gather_single_on_the_group, f"{GROUP_GATHER} is a collective"),
 ])
 def test_routes_around_the_refused_collectives_are_refused_too(allreduce, refusal):
     with pytest.raises(Exception, match=refusal):

@@ -33,6 +33,20 @@ from fastdl_lab.distributed.launch import RankFailure, free_port, rank_device, r
 
 __all__ = ["RankFailure", "free_port", "rank_device", "run_world", "bench_in_rank", "check", "benchmark", "BENCHMARK"]
 _SUBMODULES = ("launch", "ddp", "watch", "ring", "ps", "zero", "fsdp", "tensor_parallel")
+# torch 2.13 names the single-tensor all-gather and reduce-scatter ``all_gather_single`` and
+# ``reduce_scatter_single`` and deprecates the older names, which are all that torch 2.11 (the 2026
+# GPU images) has. The lab teaches the new names; on an older torch they are the same functions.
+_NEWER_NAMES = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
+def _name_collectives_as_newer_torch() -> None:
+    dist = torch.distributed
+    for new, old in _NEWER_NAMES.items():
+        if not hasattr(dist, new) and hasattr(dist, old):
+            setattr(dist, new, getattr(dist, old))
+
+
+_name_collectives_as_newer_torch()
 
 
 def bench_in_rank(fn, *, warmup: int = 2, reps: int = 10):
