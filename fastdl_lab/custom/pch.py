@@ -18,8 +18,10 @@ grader makes it in its own process and shows it to the sandboxed build read-only
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -39,10 +41,28 @@ def _compiler() -> str:
     return get_cxx_compiler()
 
 
+@functools.cache
+def _standard() -> str:
+    """The C++ standard torch's build of an extension asks for: c++20 from torch 2.13's
+    ``cpp_extension``, c++17 from 2.11's. Read from the function that writes the build's ninja
+    file, since torch exposes it nowhere else; where it cannot be read, c++17, and a build that
+    asks for another standard only ignores the .gch."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    try:
+        source = inspect.getsource(cpp_extension._write_ninja_file_to_build_library)
+    except (AttributeError, OSError, TypeError):
+        return "c++17"
+    found = re.search(r"cflags = common_cflags \+ \[[^]]*'-std=(c\+\+\d+)'", source)
+    return found.group(1) if found else "c++17"
+
+
 def flags(optimise: list[str]) -> list[str]:
     """The options ``load_inline`` compiles a CPU source with, less its include folders and the
     extension's name (which torch/extension.h does not read)."""
-    return ["-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-std=c++20", *optimise]
+    return ["-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", f"-std={_standard()}", *optimise]
 
 
 def _include_flags() -> list[str]:
