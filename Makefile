@@ -24,7 +24,7 @@ export MPLBACKEND := Agg
 # npm's own download cache, kept with the others rather than in $HOME.
 export npm_config_cache := $(CACHE)/npm-cache
 
-.PHONY: demo test test-e2e lab lab-instructor grade progress build venv clean sandbox-tool c-compiler hub hub-proxy slides slides-tool browser-tool bench-gpu
+.PHONY: demo test test-e2e test-image-stack lab lab-instructor grade progress build venv clean sandbox-tool c-compiler hub hub-proxy slides slides-tool browser-tool bench-gpu
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
@@ -110,6 +110,31 @@ TEST_THREADS ?= $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && 
 test: $(STAMP) sandbox-tool c-compiler
 	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The stack the lent GPU machines carry (Python 3.12, torch 2.11 built for CUDA 13, Triton 3.6), on
+# this machine's CPU: every test that needs only torch, Triton and the scientific stack, run from the
+# source tree (PYTHONPATH) as on such a machine. Downloads about 4.5 GB into build/image-stack the
+# first time. NumPy stays below 2.4: Triton 3.6's interpreter fails with 2.4 (triton-lang/triton#9171).
+IMAGE_PYTHON ?= python3.12
+IMAGE_TORCH ?= 2.11.0
+IMAGE_TRITON ?= 3.6.0
+IMAGE_NUMPY ?= numpy<2.4
+IMAGE_STACK := $(BUILD)/image-stack
+IMAGE_TESTS := $(addprefix tests/,test_compiled_launch_configs.py test_kernel_report.py test_softmax_ptx.py \
+  test_layernorm_ptx.py test_attention_ptx.py test_optim_ptx.py test_quant_ptx.py test_triton_aot.py test_gemm.py \
+  test_softmax.py test_layernorm.py test_attention.py test_rowsum.py test_optim.py test_quant.py test_amp.py \
+  test_fusion.py test_timing.py test_timing_events.py test_device.py test_bounds.py test_checks.py test_measure.py \
+  test_simt.py test_distributed_launch.py test_distributed_ddp.py test_distributed_ring.py test_distributed_ps_zero.py \
+  test_distributed_fsdp.py test_distributed_tensor_parallel.py test_data_loop.py test_data_syncs.py \
+  test_data_loaders.py test_data_profile.py test_data_text.py test_tabular.py test_custom.py)
+test-image-stack: sandbox-tool c-compiler
+	@command -v $(IMAGE_PYTHON) >/dev/null || { echo "needs $(IMAGE_PYTHON) (say IMAGE_PYTHON=...)"; exit 1; }
+	test -x $(IMAGE_STACK)/venv/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_STACK)/venv
+	$(IMAGE_STACK)/venv/bin/pip install --quiet --disable-pip-version-check torch==$(IMAGE_TORCH) \
+	  triton==$(IMAGE_TRITON) "$(IMAGE_NUMPY)" pytest pytest-xdist matplotlib pandas scikit-learn pillow ninja \
+	  pyarrow "dask[dataframe]" distributed tqdm
+	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) FASTDL_TORCH_PCH=$(IMAGE_STACK)/pch OMP_NUM_THREADS=$(TEST_THREADS) \
+	  $(IMAGE_STACK)/venv/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(IMAGE_TESTS)
 
 test-e2e: $(STAMP) sandbox-tool hub-proxy browser-tool
 	$(BIN)/python -m pytest -m e2e
