@@ -123,10 +123,13 @@ def _census_trial(rank, world_size):
     ahead = torch.zeros(4096)  # set aside before the snapshot, filled after it
     untouched = torch.ones(1024)
     swapped = torch.ones(8)  # an old tensor given a new storage of 512 floats
+    # Meta tensors have a size but no bytes (a model built on the meta device): none are counted.
+    shapes_only = torch.empty(1 << 20, device="meta")
     with census.snapshot() as before:
         ahead += 1
         swapped.set_(torch.zeros(512).untyped_storage())
         fresh = torch.zeros(256)
+        more_shapes = torch.empty(1 << 18, device="meta")
         frozen = gc.get_freeze_count() > 0
         counted = census.resident_bytes(before)
         excluded = census.resident_bytes(before, exclude=[fresh])
@@ -140,7 +143,7 @@ def _census_trial(rank, world_size):
             refused = ""
         except census.CollectiveRefused as exc:
             refused = str(exc)
-    del untouched
+    del untouched, shapes_only, more_shapes
     return {"counted": counted, "excluded": excluded, "wire": wire.summary(), "refused": refused,
             "frozen": frozen, "thawed": thawed}
 

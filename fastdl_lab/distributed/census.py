@@ -68,6 +68,16 @@ def _nbytes(storage: torch.UntypedStorage) -> int:
     return torch.UntypedStorage.nbytes(storage)
 
 
+# The storage's device as the C type reports it: a subclass cannot redefine what this reads.
+_DEVICE = torch.UntypedStorage.device
+
+
+def _holds_bytes(storage: torch.UntypedStorage) -> bool:
+    # A meta storage has a size but no bytes (a model built on the meta device, torch's own
+    # bookkeeping): nothing to count, nothing to read.
+    return _nbytes(storage) > 0 and _DEVICE.__get__(storage).type != "meta"
+
+
 def _tensor_bytes(t: torch.Tensor) -> int:
     with torch._C.DisableTorchFunctionSubclass():
         return torch.Tensor.numel(t) * torch.Tensor.element_size(t)
@@ -91,7 +101,7 @@ def _storages_of(objects) -> dict[int, torch.UntypedStorage]:
     found = {}
     for obj in [o for o in objects if type(o) in kinds]:
         storage = _storage(obj)
-        if storage is not None and _nbytes(storage) > 0:
+        if storage is not None and _holds_bytes(storage):
             found[storage._cdata] = storage
     return found
 

@@ -36,6 +36,7 @@ import signal
 import socket
 import sys
 import time
+import threading
 import traceback
 from datetime import timedelta
 from multiprocessing import connection
@@ -324,6 +325,12 @@ class _World:
 
 
 _compiler_stack_loaded = False
+# Worlds started from several threads fork their ranks one thread at a time, after the compiler
+# stack is loaded: a fork while another thread is halfway through an import copies the import
+# locks it holds into the rank, and filelock (which torch.compile imports) refuses a fork while
+# another thread is forking (RuntimeError "os.fork is unsafe while filelock is changing descriptor
+# ownership", seen with Python 3.12).
+_forking = threading.Lock()
 
 
 def _load_compiler_stack_once() -> None:
@@ -363,22 +370,23 @@ def run_world(fn, world_size: int, *args, backend: str | None = None, timeout_s:
     backend = backend or "gloo"
     if backend == "nccl":
         _check_nccl_fork(world_size)
-    _load_compiler_stack_once()
     ctx = multiprocessing.get_context("fork")
     world = _World()
     try:
-        for rank in range(world_size):
-            mine, theirs = ctx.Pipe()
-            # Not daemonic: a daemonic process may not have children, and the grader's sandbox
-            # may itself be one. Every rank is reaped below in any case.
-            proc = ctx.Process(target=_rank_main, name=f"fastdl-rank-{rank}",
-                               args=(fn, rank, world_size, args, kwargs, theirs, backend, timeout_s, os.getpid()))
-            # Flushed first, or the forked copy of an unflushed buffer would print twice.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            proc.start()
-            theirs.close()
-            world.add(proc, mine)
+        with _forking:
+            _load_compiler_stack_once()
+            for rank in range(world_size):
+                mine, theirs = ctx.Pipe()
+                # Not daemonic: a daemonic process may not have children, and the grader's sandbox
+                # may itself be one. Every rank is reaped below in any case.
+                proc = ctx.Process(target=_rank_main, name=f"fastdl-rank-{rank}",
+                                   args=(fn, rank, world_size, args, kwargs, theirs, backend, timeout_s, os.getpid()))
+                # Flushed first, or the forked copy of an unflushed buffer would print twice.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                proc.start()
+                theirs.close()
+                world.add(proc, mine)
         limit = 2 * timeout_s + STARTUP_S
         deadline = time.monotonic() + limit
         while len(world.results) < world_size and not world.failures:
