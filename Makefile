@@ -128,7 +128,7 @@ IMAGE_TESTS := $(addprefix tests/,test_compiled_launch_configs.py test_kernel_re
   test_distributed_fsdp.py test_distributed_tensor_parallel.py test_data_loop.py test_data_syncs.py \
   test_data_loaders.py test_data_profile.py test_data_text.py test_tabular.py test_custom.py)
 test-image-stack: sandbox-tool c-compiler
-	@command -v $(IMAGE_PYTHON) >/dev/null || { echo "needs $(IMAGE_PYTHON) (say IMAGE_PYTHON=...)"; exit 1; }
+	@$(IMAGE_PYTHON) -c pass 2>/dev/null || { echo "needs a Python 3.12 that runs as $(IMAGE_PYTHON) (say IMAGE_PYTHON=...)"; exit 1; }
 	test -x $(IMAGE_STACK)/venv/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_STACK)/venv
 	$(IMAGE_STACK)/venv/bin/pip install --quiet --disable-pip-version-check torch==$(IMAGE_TORCH) \
 	  triton==$(IMAGE_TRITON) "$(IMAGE_NUMPY)" pytest pytest-xdist matplotlib pandas scikit-learn pillow ninja \
