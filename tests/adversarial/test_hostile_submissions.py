@@ -111,6 +111,7 @@ def test_hostile_submission_gets_nothing(course, cpu, fixture):
 
 def test_the_readme_lists_every_hostile_submission_with_its_expected_verdict():
     readme = (HERE.parents[1] / "README.md").read_text()
+    assert f"hostile submissions for every lab ({len(FIXTURES)} in all)" in readme
     for fixture in FIXTURES:
         row = next((line for line in readme.splitlines() if line.startswith(f"| `{fixture.stem}` |")), None)
         assert row, f"README's security table has no row for {fixture.stem}"
