@@ -32,6 +32,7 @@ from autograder.engine import bwrap, kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import Limits, run_sandboxed
+from fastdl_lab import device
 
 # nbgrader executes the student's notebook in a kernel of its own, which starts in the sandbox
 # (kernel_jail). nbgrader itself runs under these limits in a private network namespace, which
@@ -237,6 +238,10 @@ def grade_job(spec: JobSpec) -> dict:
     try:
         if not spec.execute:
             result.nbgrader = {"returncode": None, "message": "", "skipped": "graded by the engine alone"}
+        if not spec.profile.get("gpu"):
+            # A worker of a cluster may have another Triton or NumPy than the grader that checked
+            # its own: a broken interpreter is the worker's fault, never the student's.
+            device.check_interpreter()
         lab = load_lab(spec.lab)
         engine_started = time.monotonic()
         verdicts = grade_submission(

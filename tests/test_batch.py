@@ -194,6 +194,7 @@ def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, mo
 
 
 def test_a_cpu_profile_is_not_graded_where_tritons_interpreter_is_broken(course, cpu, tmp_path, monkeypatch, capsys):
+    from autograder import jobs
     from fastdl_lab import device
 
     copy = copy_build(course, tmp_path / "course")
@@ -206,6 +207,9 @@ def test_a_cpu_profile_is_not_graded_where_tritons_interpreter_is_broken(course,
     assert not list((copy.root / "runs").glob("*.jsonl")) and not copy.records.exists()
     assert cli.main(["--course", str(copy.root), "autograde", LAB, "--workers", "1"]) == 2
     assert "cannot grade on a CPU profile: " + broken in capsys.readouterr().err
+    # A worker of a cluster checks its own: the job ends as the grader's fault, with the reason.
+    spec = jobs.JobSpec(str(copy.root), "", LAB, "first", cpu, SEED, execute=False)
+    assert "InterpreterBroken: " + broken in jobs.grade_job(spec)["error"]
     # A GPU profile runs compiled kernels: the interpreter is not asked.
     monkeypatch.setattr(device, "interpreter_problem", lambda: pytest.fail("asked on a GPU profile"))
     summary = batch.grade(copy, [(LAB, "first")], profile={**cpu, "gpu": True}, seed=SEED, execute=False)
