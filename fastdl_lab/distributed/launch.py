@@ -35,8 +35,8 @@ import pickle
 import signal
 import socket
 import sys
-import time
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing import connection
