@@ -7,7 +7,9 @@ students with its solution regions stubbed (``student_package/``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import shutil
 import subprocess
@@ -253,6 +255,7 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
                 raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{done.stdout}\n{done.stderr}")
             built.append(lab)
         strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
+        compile_package(course.student_package / "fastdl_lab")
     except BaseException:
         for path in reversed(created):
             if path.is_dir():
@@ -261,6 +264,21 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
                 path.unlink(missing_ok=True)
         raise
     return built
+
+
+def compile_package(package: Path) -> None:
+    """Byte-compile the student package where it lies. Every grading child and every nbgrader kernel
+    imports it from a read-only mount with PYTHONDONTWRITEBYTECODE set, so without these files each
+    of them compiles the modules it imports from source, again (half a second a child on the 2-core
+    machines). Python checks each file against its source's size and modification time, which
+    copies of the course keep (``copy_build``); a stale one is ignored, never used."""
+    import compileall
+
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        compiled = compileall.compile_dir(str(package), quiet=1, workers=1)
+    if not compiled:
+        raise RuntimeError(f"the student package does not compile:\n{output.getvalue()[-2000:]}")
 
 
 def copy_build(course: Course, root: Path) -> Course:

@@ -183,9 +183,9 @@ def main(workdir: str) -> int:
         job = json.load(f)
     import torch
 
-    from autograder.engine.items import load_lab
+    from autograder.engine.items import lab_spec
 
-    item = load_lab(job["lab"]).item(job["item"])
+    item = lab_spec(job["lab"]).item(job["item"])
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     speed = job["mode"] == "speed"
     if speed:

@@ -105,6 +105,16 @@ def all_labs() -> dict[str, LabSpec]:
     return dict(sorted(labs.items()))
 
 
+def lab_spec(full_name: str) -> LabSpec:
+    """The lab of that exact name ("01_gemm"), importing its module alone: every lab module imports
+    the parts of the package its items use, and a grading child, which needs one lab, would pay
+    for all of them on each start."""
+    spec = importlib.import_module(f"autograder.labs.{_module_name(full_name)}").LAB
+    if spec.name != full_name:
+        raise ValueError(f"autograder/labs/{_module_name(full_name)} defines lab {spec.name!r}, not {full_name!r}")
+    return spec
+
+
 def load_lab(name: str) -> LabSpec:
     """Find a lab by full name ("01_gemm"), number ("01", "1") or topic ("gemm")."""
     labs = all_labs()
