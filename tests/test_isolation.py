@@ -54,6 +54,37 @@ def test_cannot_read_what_it_was_not_given(tmp_path, secret):
     assert "FileNotFoundError" in result.output_tail or "PermissionError" in result.output_tail
 
 
+def test_temporary_files_go_to_its_own_capped_tmp(tmp_path):
+    # Not to the work directory on the host's disk, where Python's tempfile falls back when /tmp
+    # is not writable.
+    code = ("import os, tempfile; f = tempfile.NamedTemporaryFile(); print('at', f.name)\n"
+            "s = os.statvfs('/tmp'); print('tmp bytes', s.f_blocks * s.f_frsize)\n"
+            "print('mode', oct(os.stat('/tmp').st_mode & 0o7777))")
+    result, work = run(tmp_path, code)
+    assert result.status == "ok", result.output_tail
+    assert "at /tmp/" in result.output_tail
+    assert f"tmp bytes {bwrap.TMP_BYTES}" in result.output_tail
+    assert "mode 0o1777" in result.output_tail
+    assert os.listdir(work) == []
+
+
+def test_a_scratch_folder_is_writable_where_it_is_shown(tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    bwrap.prepare_workdir(str(scratch))
+    work = tmp_path / "job"
+    work.mkdir()
+    bwrap.prepare_workdir(str(work))
+    view = bwrap.View(str(work), scratch={str(scratch): "/tmp/deep/er/folder"})
+    code = "open('/tmp/deep/er/folder/made', 'w').write('x'); open('/tmp/deep/beside', 'w').write('y')"
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(work), env={"PATH": "/usr/bin:/bin"},
+                           view=view)
+    assert result.status == "ok", result.output_tail
+    assert (scratch / "made").read_text() == "x"
+    with pytest.raises(ValueError, match="/tmp"):
+        bwrap.command(["true"], bwrap.View(str(work), scratch={str(scratch): "/job/elsewhere"}))
+
+
 def test_the_system_files_it_is_given_are_readable(tmp_path):
     # The folders bubblewrap makes for them would otherwise be root-only: torch asks the user
     # database who it is, and Triton asks the linker's cache where libcuda is.

@@ -58,6 +58,9 @@ class View:
 
     workdir: str
     read_only: dict[str, str] = field(default_factory=dict)  # host path -> path inside
+    # host folder -> path inside its private /tmp, writable; the folders on the way there are
+    # made world-writable and sticky, as /tmp is
+    scratch: dict[str, str] = field(default_factory=dict)
     network: bool = False  # share the caller's network namespace (a kernel nbgrader talks to)
     gpu: bool = False
 
@@ -79,13 +82,13 @@ def _parents(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _dir_args(path: str, made: set[str]) -> list[str]:
+def _dir_args(path: str, made: set[str], perms: str = "0755") -> list[str]:
     # Mount points bubblewrap creates would be root-only; the dropped uid must traverse them.
     args = []
     for parent in _parents(path):
         if parent not in made:
             made.add(parent)
-            args += ["--perms", "0755", "--dir", parent]
+            args += ["--perms", perms, "--dir", parent]
     return args
 
 
@@ -111,7 +114,10 @@ def command(argv: list[str], view: View) -> list[str]:
         args += _dir_args(path, made) + ["--ro-bind-try", path, path]
     # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
     # Capped like /dev/shm below: a file parked in a tmpfs is memory no resident-set limit sees.
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    # Sticky and world-writable as a /tmp is: bubblewrap makes it root's, and a /tmp the dropped
+    # uid cannot write sends every temporary file (Python's tempfile falls back to the working
+    # directory) to the uncapped work directory on the host's disk instead.
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
     # bubblewrap's /dev/shm is a plain root-owned directory, which the dropped uid cannot write:
     # POSIX semaphores (every multiprocessing Lock and Queue, so every DataLoader with workers)
     # and torch's shared-memory tensors live there. A sticky, world-writable tmpfs of its own
@@ -124,6 +130,11 @@ def command(argv: list[str], view: View) -> list[str]:
         args += _dir_args(inside, made) + ["--ro-bind", host, inside]
     for path in _hidden_full_package():
         args += ["--tmpfs", path]
+    made.add("/tmp")
+    for host, inside in view.scratch.items():
+        if not inside.startswith("/tmp/"):
+            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
+        args += _dir_args(inside, made, "01777") + ["--bind", host, inside]
     args += ["--bind", view.workdir, JOB]
     if view.gpu:
         for dev in sorted(glob.glob("/dev/nvidia*")):
