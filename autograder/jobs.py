@@ -202,6 +202,8 @@ def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> Non
     # which could hold links to another student's work.
     target.write_text(json.dumps(nb), encoding="utf-8")
     env = nbgrader_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
+    if spec.isolated:  # an unisolated kernel shares this machine's /tmp, where inductor keeps it
+        env.update(kernel_jail.headers_for_kernels(bool(spec.profile.get("gpu"))))
     result.nbgrader = _nbgrader_autograde(root, spec, env)
     executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"
     result.nbgrader["outputs_cut"] = notebook.cap_outputs(executed)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 
-from autograder.engine import bwrap
+from autograder.engine import bwrap, inductor_headers
 
 # Set by the pipeline for the nbgrader process; the kernel manager passes them on.
 STUDENT_PACKAGE_VAR = "FASTDL_STUDENT_PACKAGE"
@@ -44,6 +44,13 @@ class JailedKernelManager(AsyncKernelManager):
         if os.environ.get(UNSAFE_VAR) == "1":
             return super().format_kernel_cmd(extra_arguments)
         return [sys.executable, "-m", "autograder.engine.kernel_jail", self.connection_file]
+
+
+def headers_for_kernels(gpu: bool) -> dict[str, str]:
+    """What nbgrader's environment needs for its kernels to find inductor's precompiled header
+    (``inductor_headers``), made here on this machine's first call: {} where it cannot be made."""
+    folder = inductor_headers.ensure(_kernel_env(gpu))
+    return {inductor_headers.FOLDER_VAR: str(folder)} if folder else {}
 
 
 def _kernel_env(gpu: bool) -> dict[str, str]:
@@ -87,6 +94,12 @@ def main(connection_file: str) -> int:
             os.chown(os.path.join(work, "kernel.json"), bwrap.NOBODY, bwrap.NOBODY)
         bwrap.prepare_workdir(work)
         view = bwrap.View(work, read_only={package: bwrap.STUDENT_DIR}, network=True, gpu=gpu)
+        headers = os.environ.get(inductor_headers.FOLDER_VAR)
+        if headers:
+            mine = os.path.join(work, "inductor-headers")
+            inside = inductor_headers.link_into(Path(headers), Path(mine))
+            if inside:
+                view.scratch[mine] = inside
         argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
         proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))
