@@ -68,6 +68,19 @@ def test_temporary_files_go_to_its_own_capped_tmp(tmp_path):
     assert os.listdir(work) == []
 
 
+def test_its_name_resolves_to_its_own_loopback_and_fonts_are_configured(tmp_path):
+    # gloo and torch's TCP store look these up in every rank; fontconfig reads /etc/fonts.
+    code = ("import os, socket; print('name', socket.gethostname())\n"
+            "print('addr', socket.gethostbyname(socket.gethostname()))\n"
+            "print('peer', socket.getnameinfo(('::ffff:127.0.0.1', 1, 0, 0), 0)[0])\n"
+            "print('fonts', os.path.isfile('/etc/fonts/fonts.conf'))")
+    result, _ = run(tmp_path, code)
+    assert result.status == "ok", result.output_tail
+    assert "name localhost" in result.output_tail and "addr 127.0.0.1" in result.output_tail
+    assert "peer localhost" in result.output_tail
+    assert f"fonts {os.path.isfile('/etc/fonts/fonts.conf')}" in result.output_tail
+
+
 def test_a_scratch_folder_is_writable_where_it_is_shown(tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()

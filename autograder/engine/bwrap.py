@@ -37,8 +37,14 @@ STUDENT_DIR = "/opt/fastdl/student"
 SETPRIV = "/usr/bin/setpriv"
 # Read-only system paths a Python process and Triton's GPU launcher need (/usr holds the CUDA
 # toolkit and driver libraries too); nothing of /etc but the user database (torch asks who it
-# is), the linker's cache and Debian's alternatives (cc -> gcc).
-SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.so.cache")
+# is), the linker's cache, Debian's alternatives (cc -> gcc) and fontconfig's configuration
+# (without it every notebook that imports matplotlib prints an error).
+SYSTEM_RO = ("/usr", "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/ld.so.cache", "/etc/fonts")
+# The sandbox's name and its /etc/hosts, not the host's: gloo and torch's TCP store resolve the
+# host name and their peers' addresses, and without an answer warn in every rank (in the
+# student's notebook record too). The grading host's own names stay out of the sandbox.
+HOSTNAME = "localhost"
+HOSTS_FILE = str(Path(__file__).with_name("sandbox_hosts"))
 MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 # The sandbox's own /dev/shm (shared-memory tensors of DataLoader workers, semaphores).
 SHM_BYTES = 1 << 30
@@ -99,7 +105,7 @@ def command(argv: list[str], view: View) -> list[str]:
         raise IsolationUnavailable("bubblewrap (bwrap) is not installed")
     root = os.geteuid() == 0
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try"]
+            "--unshare-uts", "--hostname", HOSTNAME, "--unshare-cgroup-try"]
     if not view.network:
         args.append("--unshare-net")  # bubblewrap brings loopback up in the new namespace
     if not root:
@@ -112,6 +118,7 @@ def command(argv: list[str], view: View) -> list[str]:
     made: set[str] = set()
     for path in SYSTEM_RO:
         args += _dir_args(path, made) + ["--ro-bind-try", path, path]
+    args += ["--ro-bind", HOSTS_FILE, "/etc/hosts"]
     # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
     # Capped like /dev/shm below: a file parked in a tmpfs is memory no resident-set limit sees.
     # Sticky and world-writable as a /tmp is: bubblewrap makes it root's, and a /tmp the dropped
