@@ -98,6 +98,31 @@ def test_a_scratch_folder_is_writable_where_it_is_shown(tmp_path):
         bwrap.command(["true"], bwrap.View(str(work), scratch={str(scratch): "/job/elsewhere"}))
 
 
+def test_a_file_bound_read_only_into_a_scratch_folder_cannot_change_even_for_its_owner(tmp_path):
+    # A grader that is not root runs the sandbox as its own uid, which owns what it binds in.
+    shared = tmp_path / "shared"
+    shared.write_bytes(b"original")
+    if os.geteuid() == 0:
+        os.chown(shared, bwrap.NOBODY, bwrap.NOBODY)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    bwrap.prepare_workdir(str(scratch))
+    work = tmp_path / "job"
+    work.mkdir()
+    bwrap.prepare_workdir(str(work))
+    view = bwrap.View(str(work), read_only={str(shared): "/tmp/s/shared"}, scratch={str(scratch): "/tmp/s"})
+    code = ("import os\np = '/tmp/s/shared'\n"
+            "for attack in (lambda: os.chmod(p, 0o666), lambda: open(p, 'r+b').write(b'poison'),\n"
+            "               lambda: os.unlink(p), lambda: os.rename(p, p + '.x')):\n"
+            "    try:\n        attack(); print('changed')\n    except OSError as e:\n        print('refused', e.errno)\n"
+            "open('/tmp/s/beside', 'w').write('ok')")
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(work), env={"PATH": "/usr/bin:/bin"},
+                           view=view)
+    assert result.status == "ok", result.output_tail
+    assert "changed" not in result.output_tail and result.output_tail.count("refused") == 4
+    assert shared.read_bytes() == b"original" and (scratch / "beside").read_text() == "ok"
+
+
 def test_the_system_files_it_is_given_are_readable(tmp_path):
     # The folders bubblewrap makes for them would otherwise be root-only: torch asks the user
     # database who it is, and Triton asks the linker's cache where libcuda is.

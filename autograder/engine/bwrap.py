@@ -65,7 +65,7 @@ class View:
     workdir: str
     read_only: dict[str, str] = field(default_factory=dict)  # host path -> path inside
     # host folder -> path inside its private /tmp, writable; the folders on the way there are
-    # made world-writable and sticky, as /tmp is
+    # made world-writable and sticky, as /tmp is. A read-only file may be bound inside one.
     scratch: dict[str, str] = field(default_factory=dict)
     network: bool = False  # share the caller's network namespace (a kernel nbgrader talks to)
     gpu: bool = False
@@ -131,17 +131,19 @@ def command(argv: list[str], view: View) -> list[str]:
     # fixes that; its size is capped because pages parked there and unmapped are memory the
     # resident-set watchdog does not see.
     args += ["--perms", "01777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+    # Before the read-only binds, which may put files inside a scratch folder.
+    made.add("/tmp")
+    for host, inside in view.scratch.items():
+        if not inside.startswith("/tmp/"):
+            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
+        args += _dir_args(inside, made, "01777") + ["--bind", host, inside]
+        made.add(inside)
     for path in _python_paths():
         args += _dir_args(path, made) + ["--ro-bind", path, path]
     for host, inside in view.read_only.items():
         args += _dir_args(inside, made) + ["--ro-bind", host, inside]
     for path in _hidden_full_package():
         args += ["--tmpfs", path]
-    made.add("/tmp")
-    for host, inside in view.scratch.items():
-        if not inside.startswith("/tmp/"):
-            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
-        args += _dir_args(inside, made, "01777") + ["--bind", host, inside]
     args += ["--bind", view.workdir, JOB]
     if view.gpu:
         for dev in sorted(glob.glob("/dev/nvidia*")):

@@ -9,12 +9,14 @@ was half of nbgrader's run.
 
 ``ensure`` makes the folder once per machine and torch. A sandboxed process, started as the kernel is
 (same view, same environment), compiles a small function and copies out what inductor put there;
-``pass_on`` gives nbgrader the grader's copy, and ``kernel_jail`` shows each kernel a folder of
-hard links to it (``link_into``). The kernel may write that folder (inductor keeps its lock files
-there) but not the grader's files in it, so no kernel can change the header the next one reads.
-Each header's name is a digest of the compiler, its command line and the preprocessed header, so
-a compile that differs in any of them makes its own header, as before. The copy changes how long a
-compile takes, never what it compiles.
+the grader keeps its own copy. ``kernel_jail`` gives each kernel an empty folder of its own where
+inductor looks, which it may write (inductor keeps its lock files there), with each of the
+grader's headers bound into it read-only (``view``). A read-only mount holds whatever the
+kernel's uid is outside: a grader that is not root runs kernels as its own uid, which owns the
+files. So no kernel can change the header the next one reads. Each header's name is a digest of
+the compiler, its command line and the preprocessed header, so a compile that differs in any of
+them makes its own header, as before. The header changes how long a compile takes, never what it
+compiles.
 """
 
 from __future__ import annotations
@@ -146,18 +148,14 @@ def ensure(env: dict[str, str], root: Path | None = None) -> Path | None:
     return folder
 
 
-def link_into(folder: Path, target: Path) -> str | None:
-    """Fill ``target`` (a folder of the kernel's, which it may write) with links to the headers in
-    ``folder``; returns where the kernel must see ``target``, or None if ``folder`` is not ready."""
+def view(folder: Path, mine: Path) -> tuple[str, dict[str, str]] | None:
+    """How a kernel sees the headers in ``folder``: (where its folder ``mine``, which it may
+    write, goes; each header, bound read-only into it), or None if ``folder`` is not ready."""
     where = ready(folder)
     if where is None:
         return None
-    target.mkdir()
-    for header in _headers(folder):
-        try:
-            os.link(header, target / header.name)
-        except OSError:  # another filesystem
-            shutil.copyfile(header, target / header.name)
+    mine.mkdir()
     if os.geteuid() == 0:
-        os.chown(target, bwrap.NOBODY, bwrap.NOBODY)
-    return where["inside"]
+        os.chown(mine, bwrap.NOBODY, bwrap.NOBODY)
+    inside = where["inside"]
+    return inside, {str(header): f"{inside}/{header.name}" for header in _headers(folder)}

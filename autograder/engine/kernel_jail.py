@@ -95,11 +95,11 @@ def main(connection_file: str) -> int:
         bwrap.prepare_workdir(work)
         view = bwrap.View(work, read_only={package: bwrap.STUDENT_DIR}, network=True, gpu=gpu)
         headers = os.environ.get(inductor_headers.FOLDER_VAR)
-        if headers:
-            mine = os.path.join(work, "inductor-headers")
-            inside = inductor_headers.link_into(Path(headers), Path(mine))
-            if inside:
-                view.scratch[mine] = inside
+        shown = inductor_headers.view(Path(headers), Path(work, "inductor-headers")) if headers else None
+        if shown:
+            inside, files = shown
+            view.scratch[os.path.join(work, "inductor-headers")] = inside
+            view.read_only.update(files)
         argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
         proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))
