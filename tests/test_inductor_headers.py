@@ -117,7 +117,7 @@ def test_a_folder_that_was_not_finished_is_not_used(tmp_path):
 def test_a_machine_that_cannot_make_it_tries_once_per_process(tmp_path, monkeypatch, capsys):
     tries = []
 
-    def fails(folder, env):
+    def fails(folder, env, gpu):
         tries.append(folder)
         raise RuntimeError("no C++ compiler")
 

@@ -94,7 +94,7 @@ def _reported(output: str) -> dict:
     raise RuntimeError(f"inductor's headers could not be made: no folder reported in {output[-300:]!r}")
 
 
-def _make(folder: Path, env: dict[str, str]) -> None:
+def _make(folder: Path, env: dict[str, str], gpu: bool) -> None:
     from autograder.engine.sandbox import Limits, run_sandboxed
 
     work = tempfile.mkdtemp(prefix="fastdl-inductor-")
@@ -102,7 +102,7 @@ def _make(folder: Path, env: dict[str, str]) -> None:
         bwrap.prepare_workdir(work)
         limits = Limits(wall_s=MADE_TIMEOUT_S, cpu_s=2 * MADE_TIMEOUT_S)
         done = run_sandboxed([bwrap.PYTHON, "-c", _WARM_UP, bwrap.JOB], limits=limits, cwd=work, env=env,
-                             view=bwrap.View(work))
+                             view=bwrap.View(work, gpu=gpu))
         if not done.ok:
             raise RuntimeError(f"inductor's headers could not be made: {done.reason}: {done.output_tail[-500:]}")
         where = _reported(done.output_tail)
@@ -122,9 +122,9 @@ def _make(folder: Path, env: dict[str, str]) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ensure(env: dict[str, str], root: Path | None = None) -> Path | None:
-    """The machine's folder of inductor headers, made on first use in a sandbox with ``env`` (the
-    kernel's environment); None where it cannot be made (each kernel then makes its own header).
+def ensure(env: dict[str, str], gpu: bool = False, root: Path | None = None) -> Path | None:
+    """The machine's folder of inductor headers, made on first use in a sandbox with ``env`` and
+    the devices (``gpu``) of a kernel; None where it cannot be made (each kernel then makes its own).
     Processes that call this at once make it once."""
     root = Path(root or default_root())
     folder = root / _key()
@@ -137,7 +137,7 @@ def ensure(env: dict[str, str], root: Path | None = None) -> Path | None:
         with open(root / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not ready(folder):
-                _make(folder, env)
+                _make(folder, env, gpu)
                 for other in root.iterdir():  # 150 MB a torch: one is kept
                     if other.is_dir() and other != folder and not other.name.startswith("."):
                         shutil.rmtree(other, ignore_errors=True)

@@ -49,7 +49,7 @@ class JailedKernelManager(AsyncKernelManager):
 def headers_for_kernels(gpu: bool) -> dict[str, str]:
     """What nbgrader's environment needs for its kernels to find inductor's precompiled header
     (``inductor_headers``), made here on this machine's first call: {} where it cannot be made."""
-    folder = inductor_headers.ensure(_kernel_env(gpu))
+    folder = inductor_headers.ensure(_kernel_env(gpu), gpu)
     return {inductor_headers.FOLDER_VAR: str(folder)} if folder else {}
 
 
