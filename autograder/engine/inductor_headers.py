@@ -98,6 +98,7 @@ def _make(folder: Path, env: dict[str, str], gpu: bool) -> None:
     from autograder.engine.sandbox import Limits, run_sandboxed
 
     work = tempfile.mkdtemp(prefix="fastdl-inductor-")
+    making = folder.parent / f".{folder.name}-{os.getpid()}"
     try:
         bwrap.prepare_workdir(work)
         limits = Limits(wall_s=MADE_TIMEOUT_S, cpu_s=2 * MADE_TIMEOUT_S)
@@ -107,10 +108,9 @@ def _make(folder: Path, env: dict[str, str], gpu: bool) -> None:
             raise RuntimeError(f"inductor's headers could not be made: {done.reason}: {done.output_tail[-500:]}")
         where = _reported(done.output_tail)
         made = Path(work, "headers")
-        making = folder.parent / f".{folder.name}-{os.getpid()}"
         shutil.rmtree(making, ignore_errors=True)
         making.mkdir(parents=True)
-        for header in _headers(made):  # copied, so that the grader owns them and no kernel can write them
+        for header in _headers(made):  # copied: the grader's own files, not the sandboxed uid's
             shutil.copyfile(header, making / header.name)
             (making / header.name).chmod(0o444)
         (making / WHERE_FILE).write_text(json.dumps({"inside": where["inside"]}))
@@ -120,6 +120,7 @@ def _make(folder: Path, env: dict[str, str], gpu: bool) -> None:
         making.rename(folder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(making, ignore_errors=True)  # only left where it was not finished
 
 
 def ensure(env: dict[str, str], gpu: bool = False, root: Path | None = None) -> Path | None:
