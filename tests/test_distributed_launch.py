@@ -159,6 +159,25 @@ def test_rank_output_is_shown_with_its_rank(capsys):
     assert "[rank 1] hello from 1 and a newline" in out
 
 
+def _started_at(rank, world_size):
+    return time.time()
+
+
+def test_no_rank_goes_on_before_every_rank_has_joined(monkeypatch):
+    # A rank that needs no peer could otherwise finish, and close its end of gloo's mesh and the
+    # store, while a slower rank was still in init_process_group ("Connection closed by peer").
+    real = dist.init_process_group
+
+    def slow_end_for_rank_1(*args, rank, **kwargs):
+        real(*args, rank=rank, **kwargs)
+        if rank == 1:
+            time.sleep(0.5)
+
+    monkeypatch.setattr(dist, "init_process_group", slow_end_for_rank_1)
+    started = run_world(_started_at, 2)
+    assert started[0] > started[1] - 0.25  # rank 0 waited for rank 1's half second
+
+
 def test_worlds_started_from_eight_threads_do_not_collide():
     results, errors = {}, []
 

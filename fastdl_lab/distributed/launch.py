@@ -183,6 +183,15 @@ def _join_store(conn, rank: int, world_size: int, timeout: timedelta):
     return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
 
 
+def _all_joined(store, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Wait until every rank's process group is up. A rank whose ``fn`` needs no peer could
+    otherwise finish and exit, taking the store it serves (rank 0) and its end of gloo's mesh with
+    it, while a slower rank was still connecting: that rank's init failed with "Connection closed
+    by peer" on a loaded machine. Through the store, so the group itself carries no extra message."""
+    store.set(f"fastdl/joined/{rank}", "1")
+    store.wait([f"fastdl/joined/{r}" for r in range(world_size)], timeout)
+
+
 def _rank_main(fn, rank, world_size, args, kwargs, conn, backend, timeout_s, parent_pid) -> None:
     """Body of a forked rank. Never returns: os._exit skips the parent's atexit handlers and
     the destructors of objects (the kernel's sockets, say) that belong to the parent."""
@@ -204,6 +213,7 @@ def _rank_main(fn, rank, world_size, args, kwargs, conn, backend, timeout_s, par
         timeout = timedelta(seconds=timeout_s)
         store = _join_store(conn, rank, world_size, timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        _all_joined(store, rank, world_size, timeout)
         payload = pickle.dumps(("ok", _to_cpu(fn(rank, world_size, *args, **kwargs))))
         conn.send_bytes(payload)
         dist.destroy_process_group()
