@@ -21,11 +21,15 @@ def isolation_works():
     bwrap.check()  # the Makefile installs bubblewrap: a machine without it fails here, loudly
 
 
-def run(tmp_path, code, *, read_only=None, limits=LIMITS):
-    work = tmp_path / "job"
-    work.mkdir()
-    bwrap.prepare_workdir(str(work))
-    view = bwrap.View(str(work), read_only=read_only or {})
+def _sandbox_folder(path):
+    path.mkdir()
+    bwrap.prepare_workdir(str(path))
+    return path
+
+
+def run(tmp_path, code, *, read_only=None, scratch=None, limits=LIMITS):
+    work = _sandbox_folder(tmp_path / "job")
+    view = bwrap.View(str(work), read_only=read_only or {}, scratch=scratch or {})
     result = run_sandboxed([sys.executable, "-c", code], limits=limits, cwd=str(work),
                            env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}, view=view)
     return result, work
@@ -82,16 +86,9 @@ def test_its_name_resolves_to_its_own_loopback_and_fonts_are_configured(tmp_path
 
 
 def test_a_scratch_folder_is_writable_where_it_is_shown(tmp_path):
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    bwrap.prepare_workdir(str(scratch))
-    work = tmp_path / "job"
-    work.mkdir()
-    bwrap.prepare_workdir(str(work))
-    view = bwrap.View(str(work), scratch={str(scratch): "/tmp/deep/er/folder"})
+    scratch = _sandbox_folder(tmp_path / "scratch")
     code = "open('/tmp/deep/er/folder/made', 'w').write('x'); open('/tmp/deep/beside', 'w').write('y')"
-    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(work), env={"PATH": "/usr/bin:/bin"},
-                           view=view)
+    result, work = run(tmp_path, code, scratch={str(scratch): "/tmp/deep/er/folder"})
     assert result.status == "ok", result.output_tail
     assert (scratch / "made").read_text() == "x"
     with pytest.raises(ValueError, match="/tmp"):
@@ -104,20 +101,13 @@ def test_a_file_bound_read_only_into_a_scratch_folder_cannot_change_even_for_its
     shared.write_bytes(b"original")
     if os.geteuid() == 0:
         os.chown(shared, bwrap.NOBODY, bwrap.NOBODY)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    bwrap.prepare_workdir(str(scratch))
-    work = tmp_path / "job"
-    work.mkdir()
-    bwrap.prepare_workdir(str(work))
-    view = bwrap.View(str(work), read_only={str(shared): "/tmp/s/shared"}, scratch={str(scratch): "/tmp/s"})
+    scratch = _sandbox_folder(tmp_path / "scratch")
     code = ("import os\np = '/tmp/s/shared'\n"
             "for attack in (lambda: os.chmod(p, 0o666), lambda: open(p, 'r+b').write(b'poison'),\n"
             "               lambda: os.unlink(p), lambda: os.rename(p, p + '.x')):\n"
             "    try:\n        attack(); print('changed')\n    except OSError as e:\n        print('refused', e.errno)\n"
             "open('/tmp/s/beside', 'w').write('ok')")
-    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(work), env={"PATH": "/usr/bin:/bin"},
-                           view=view)
+    result, _ = run(tmp_path, code, read_only={str(shared): "/tmp/s/shared"}, scratch={str(scratch): "/tmp/s"})
     assert result.status == "ok", result.output_tail
     assert "changed" not in result.output_tail and result.output_tail.count("refused") == 4
     assert shared.read_bytes() == b"original" and (scratch / "beside").read_text() == "ok"
