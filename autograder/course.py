@@ -269,8 +269,7 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
 def compile_package(package: Path) -> None:
     """Byte-compile the student package where it lies. Every grading child and every nbgrader kernel
     imports it from a read-only mount with PYTHONDONTWRITEBYTECODE set, so without these files each
-    of them compiles the modules it imports from source, again (half a second a child on the 2-core
-    machines). Python checks each file against its source's size and modification time, which
+    of them compiles the modules it imports from source, again. Python checks each file against its source's size and modification time, which
     copies of the course keep (``copy_build``); a stale one is ignored, never used."""
     import compileall
 

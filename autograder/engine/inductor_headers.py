@@ -34,7 +34,7 @@ from pathlib import Path
 
 from autograder.engine import bwrap
 
-# Names nbgrader's environment carries to kernel_jail: the grader's folder of headers.
+# Carried by nbgrader's environment to kernel_jail: the grader's folder of headers.
 FOLDER_VAR = "FASTDL_INDUCTOR_HEADERS"
 # Written beside the headers: where inductor looks for them inside the sandbox.
 WHERE_FILE = "where.json"
