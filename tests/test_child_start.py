@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autograder import profiles
+from autograder.engine import grade
 from autograder.engine.items import all_labs, lab_spec
+from autograder.submissions import reference_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,3 +57,49 @@ def test_the_built_student_package_is_byte_compiled(course):
     assert sources
     stale = [str(p.relative_to(course.student_package)) for p in sources if not _pyc_matches(p)]
     assert stale == []
+
+
+# Runs a grading child's main in this interpreter, then reports whether Triton hashed its own
+# installation on the way (the function Triton caches it in, as Triton defined it).
+_KEY_PROBE = """
+import json, os, sys
+from triton.runtime import cache
+hashed_here = cache.triton_key
+from autograder.engine import child
+status = child.main(sys.argv[1])
+print(json.dumps([status, hashed_here.cache_info().misses, os.listdir(os.environ["TRITON_CACHE_DIR"])]))
+"""
+
+
+def _run_kernel_child(course, profile, tmp_path, drop_key: bool) -> tuple[int, int, list]:
+    lab = lab_spec("01_gemm")
+    item = lab.item("matmul_fp32")
+    params = profiles.item_params(profile, lab.name, item.name)
+    work = grade._Workdir(lab, item, reference_solutions(course, lab.name), item.make_inputs(1, params),
+                          mode="check", params=params)
+    try:
+        if drop_key:
+            job = json.loads(Path(work.path, "job.json").read_text())
+            del job["triton_key"]
+            Path(work.path, "job.json").write_text(json.dumps(job))
+        env = grade._child_env(grade.Sandbox(course.student_package, profile, isolated=False), work.path)
+        cache = tmp_path / ("cache-without-key" if drop_key else "cache")
+        cache.mkdir()
+        done = subprocess.run([sys.executable, "-c", _KEY_PROBE, work.path], capture_output=True, text=True,
+                              env={**env, "TRITON_CACHE_DIR": str(cache)}, cwd=work.path, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return tuple(json.loads(done.stdout.splitlines()[-1]))
+    finally:
+        work.remove()
+
+
+def test_a_kernel_child_compiles_with_the_graders_triton_key(course, cpu, tmp_path):
+    from triton.runtime.cache import triton_key
+
+    status, hashed, compiled = _run_kernel_child(course, cpu, tmp_path, drop_key=False)
+    assert status == 0
+    assert compiled  # the kernel was compiled for sm_90, as every kernel item's is
+    assert hashed == 0  # without hashing Triton's 460 MB
+    status, hashed, compiled = _run_kernel_child(course, cpu, tmp_path, drop_key=True)
+    assert (status, hashed) == (0, 1) and compiled  # the probe sees the hash when the key is not given
+    assert grade._triton_key() == triton_key()

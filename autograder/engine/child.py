@@ -97,6 +97,15 @@ def _prove_kernels_compile(ns: dict) -> None:
     InterpretedFunction.run = checked_run
 
 
+def _reuse_triton_key(key: str) -> None:
+    """Triton names every compilation after a SHA-256 of its own installation, the 460 MB of
+    libtriton included: 0.33 s on the first compile of each process. The grader hashed the same
+    files once (this sandbox shows its installation, read-only) and passes the result in."""
+    from triton.runtime import cache
+
+    cache.triton_key = lambda: key
+
+
 def _exec_file(path: str, ns: dict) -> None:
     with open(path) as f:
         source = f.read()
@@ -192,6 +201,8 @@ def main(workdir: str) -> int:
         from fastdl_lab import timing
 
         compare, announce = timing.compare, _announcer()
+    if job.get("triton_key"):
+        _reuse_triton_key(job["triton_key"])
     instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if speed else ()))
     try:
         ns = _namespace(job, workdir)

@@ -116,6 +116,13 @@ def read_regular(path: str, cap: int) -> bytes:
     return data
 
 
+def _triton_key() -> str:
+    """The name Triton gives this installation (cached by Triton: hashed once per process)."""
+    from triton.runtime.cache import triton_key
+
+    return triton_key()
+
+
 class _Workdir:
     """A private directory, owned by the sandboxed uid, holding one child's job and results."""
 
@@ -131,7 +138,7 @@ class _Workdir:
                     "params": params, "instruments": list(item.instruments)}
         if kernel_source is not None:
             Path(self.path, "kernels.py").write_text(kernel_source)
-            self.job["kernel_module"] = "kernels.py"
+            self.job.update(kernel_module="kernels.py", triton_key=_triton_key())
         if artefact_source is not None:
             Path(self.path, "artefacts.py").write_text(artefact_source)
             self.job.update(artefact_module="artefacts.py", scope=item.scope)
