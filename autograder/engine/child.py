@@ -15,7 +15,8 @@ The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus ei
 
 Then it runs the item's ``drive`` once (mode "check"), or times the item's candidate against its
 baseline with ``fastdl_lab.timing.compare`` (mode "speed"; only kernel items are timed, so only
-trusted Python runs while the clock does, or extracted artefacts), and saves the outputs.
+trusted Python runs while the clock does, or extracted artefacts), and hands the outputs to the
+parent as ``delivery.py`` says: written once, announced with their digest.
 
 In mode "speed" the timing module and the clocks it reads are bound before any student code
 exists here and verified unchanged before and after the timed phase (a replaced one is
@@ -26,6 +27,7 @@ clocks it too and can refuse samples its own clock contradicts (``speed.cross_ch
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import sys
@@ -192,7 +194,10 @@ def main(workdir: str) -> int:
         job = json.load(f)
     import torch
 
+    from autograder.engine import delivery
     from autograder.engine.items import lab_spec
+
+    deliver = delivery.writer()  # bound before any student code exists in this process
 
     item = lab_spec(job["lab"]).item(job["item"])
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
@@ -227,7 +232,13 @@ def main(workdir: str) -> int:
             return 3
         _write_error(workdir, "error", exc)
         return 3
-    torch.save(outputs, os.path.join(workdir, "outputs.pt"))
+    saved = io.BytesIO()
+    torch.save(outputs, saved)
+    try:
+        deliver(workdir, saved.getvalue())
+    except delivery.Refused as exc:
+        _write_error(workdir, "tampered", exc)
+        return 3
     return 0
 
 

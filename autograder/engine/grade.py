@@ -3,8 +3,9 @@
 This process never imports or executes student code. Each item runs in a fresh sandboxed child
 (``child.py``, isolated by ``bwrap.py``): a kernel item gets only the student's ``@triton.jit``
 functions, extracted here by AST (``kernels.py``); a Python item gets its solution cells. Inputs
-come from a secret seed per student; the item's ``check`` compares the child's outputs, read back
-as capped regular files, with references computed here; speed items are timed inside a kernel
+come from a secret seed per student; the item's ``check`` compares the child's outputs, delivered
+once and announced with their digest (``delivery.py``), read back as capped regular files, with
+references computed here; speed items are timed inside a kernel
 child, where no student Python runs, by ``fastdl_lab.timing``.
 """
 
@@ -30,7 +31,7 @@ import torch
 import autograder
 from autograder import notebook, profiles
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, kernels, speed
+from autograder.engine import artefacts, bwrap, delivery, kernels, speed
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -123,6 +124,14 @@ def _triton_key() -> str:
     return triton_key()
 
 
+class Undelivered(Exception):
+    """Outputs the parent will not grade: ``status`` and ``reason`` of the item's verdict."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
 class _Workdir:
     """A private directory, owned by the sandboxed uid, holding one child's job and results."""
 
@@ -163,9 +172,24 @@ class _Workdir:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return "error", "the child reported an error it could not describe"
 
-    def outputs(self):
-        data = read_regular(os.path.join(self.path, "outputs.pt"), OUTPUTS_CAP)
-        return torch.load(io.BytesIO(data), weights_only=True)
+    def outputs(self, announced: list[str]):
+        """The outputs the child's trusted code delivered (``delivery.py``), or ``Undelivered``."""
+        if not announced:
+            raise Undelivered("failed", "the code exited before the grader's code could save the outputs "
+                                        "(sys.exit or os._exit in a solution cell?)")
+        try:
+            data = read_regular(os.path.join(self.path, delivery.OUTPUTS), OUTPUTS_CAP)
+        except FileNotFoundError:
+            raise Undelivered("failed", "the outputs the grader's code saved were removed") from None
+        except (OSError, ValueError) as exc:
+            raise Undelivered("tampered", f"the outputs the grader's code saved were replaced: {exc}") from None
+        problem = delivery.problem(announced, data)
+        if problem:
+            raise Undelivered("tampered", problem)
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - outputs of a student's types may fail to load in many ways
+            raise Undelivered("failed", f"outputs could not be read: {type(exc).__name__}: {exc}") from None
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -188,7 +212,8 @@ def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path |
         from fastdl_lab.custom.pch import ENV_VAR
 
         env[ENV_VAR] = str(headers.parent) if not sandbox.isolated else PCH_DIR
-    mark = speed.MARK if work.job["mode"] == "speed" else None
+    # The outputs' announcement (delivery.py) and, in mode "speed", the timed phase's markers.
+    mark = delivery.PREFIX
     if not sandbox.isolated:
         argv = [sys.executable, "-m", "autograder.engine.child", work.path]
         return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, mark=mark)
@@ -220,15 +245,6 @@ def _judge(item: Item, inputs: dict, outputs, params: dict) -> Verdict:
         return item.check(inputs, outputs, params)
     except Exception as exc:  # noqa: BLE001 - outputs of the wrong type or shape end here
         return Verdict.failed(f"outputs have the wrong form: {type(exc).__name__}: {exc}")
-
-
-def _read_outputs(work: _Workdir):
-    try:
-        return work.outputs(), None
-    except FileNotFoundError:
-        return None, Verdict.failed("the code exited without producing outputs (sys.exit or os._exit in a solution cell?)")
-    except Exception as exc:  # noqa: BLE001 - a hostile file may fail to load in many ways
-        return None, Verdict.failed(f"outputs could not be read: {type(exc).__name__}: {exc}")
 
 
 def _from_verdict(item: Item, verdict: Verdict, wall_s: float) -> ItemResult:
@@ -266,12 +282,13 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         result = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers)
         if not result.ok:
             return _failure(item, result, work)
-        outputs, unreadable = _read_outputs(work)
-        if unreadable:
-            return _from_verdict(item, unreadable, result.wall_s)
+        try:
+            outputs = work.outputs(delivery.digests(result.marks))
+        except Undelivered as exc:
+            return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason), wall_s=result.wall_s)
         if mode == "check":
             return _from_verdict(item, _judge(item, inputs, outputs, params), result.wall_s)
-        return _speed_result(item, inputs, outputs, params, sandbox.profile, result.marks)
+        return _speed_result(item, inputs, outputs, params, sandbox.profile, speed.timing_marks(result.marks))
     finally:
         work.remove()
 

@@ -30,6 +30,8 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # bubblewrap's monitor and the init of the pid namespace it creates.
 SANDBOX_PROCESSES = 2
+# What is kept of a marker line after its prefix: a kind and a SHA-256 in hex fit.
+MARK_CHARS = 80
 
 
 @dataclass
@@ -160,9 +162,9 @@ def _marker_lines(mark: bytes, marks: list[tuple[str, float]]):
         *complete, rest = bytes(line).split(b"\n")
         for text in complete:
             if text.startswith(mark):
-                marks.append((text[len(mark):len(mark) + 16].decode("ascii", "replace"), now))
+                marks.append((text[len(mark):len(mark) + MARK_CHARS].decode("ascii", "replace"), now))
         # Only a line's beginning can hold a marker: a long line without one is not kept whole.
-        line[:] = rest[:len(mark) + 16]
+        line[:] = rest[:len(mark) + MARK_CHARS]
 
     return feed
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 
+from autograder.engine.delivery import PREFIX
 from fastdl_lab.timing import MAX_BATCH
 
 # A line no print of ordinary text produces: the record separator, then the grader's name.
-MARK = b"\x1efastdl-timing:"
+KIND = "timing:"
+MARK = PREFIX + KIND.encode()
 PHASES = ("start", "end")
 # The parent stamps a marker when its reader thread wakes for it: a few milliseconds late on a
 # loaded host, and the start's lateness shortens the phase it sees. The timed samples may exceed
@@ -43,6 +45,11 @@ def marker(phase: str) -> bytes:
     if phase not in PHASES:
         raise ValueError(f"unknown timing phase {phase!r}; known: {', '.join(PHASES)}")
     return MARK + phase.encode() + b"\n"
+
+
+def timing_marks(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """``(phase, time)`` of the timing markers among the grader's markers (text after ``PREFIX``)."""
+    return [(text[len(KIND):], at) for text, at in marks if text.startswith(KIND)]
 
 
 def phase_wall(marks: list[tuple[str, float]]) -> tuple[float | None, str]:
