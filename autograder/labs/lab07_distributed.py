@@ -237,9 +237,18 @@ def _with_timeout(make_inputs):
     return make
 
 
-def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description=""):
+# The names a graded function or class of a self-contained cell (ring, parameter server, tensor
+# parallel) runs with. Those items take only the cell's functions and classes, screened
+# (``engine/artefacts.py``): no code of the student's runs in the child beside the trusted driver,
+# so nothing can rewrite what the driver counts or saves. The wrappers (DDP, ZeRO, FSDP) still run
+# their cells whole: they assign ``p.grad`` and module attributes, which the screen refuses.
+SCOPE = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
+
+
+def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description="", artefacts=()):
     return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind=kind, description=description,
-                loopback=True, processes=8, instruments=INSTRUMENTS)
+                loopback=True, processes=8, instruments=INSTRUMENTS, artefacts=artefacts,
+                scope=SCOPE if artefacts else "")
 
 
 LAB = LabSpec(
@@ -252,11 +261,11 @@ LAB = LabSpec(
         _item("bucketed_ddp", 3, "bucketed_code", _training_cases, bucketed_drive, bucketed_check, kind="mechanism",
               description="bucketed DDP wrapper: parity from skewed starts, one all-reduce per bucket, launched "
                           "during backward"),
-        _item("ring_allreduce", 3, "ring_code", ring_inputs, ring_drive, ring_check,
+        _item("ring_allreduce", 3, "ring_code", ring_inputs, ring_drive, ring_check, artefacts=("ring_allreduce",),
               description="ring all-reduce from send/recv: exact sums and bytes, ragged sizes, 2-4 ranks"),
         # One comparison, so one point; the runs around it check that the server honours it.
         _item("parameter_server", 1, "ps_code", ps_inputs, ps_drive, ps_check, kind="mechanism",
-              description="bounded staleness never exceeds tau and converges"),
+              artefacts=("bounded_staleness_rule",), description="bounded staleness never exceeds tau and converges"),
         _item("zero1", 2, "zero_code", zero_inputs, zero_drive, zero_check,
               description="ZeRO-1 around torch optimizers: bit-identical to AdamW and SGD, each parameter's "
                           "state on one rank, balanced"),
@@ -393,9 +402,10 @@ def tp_check(inputs: dict, outputs, params: dict) -> Verdict:
                           f"world{'s' * (len(cases) != 1)}, with one all-reduce in forward and one in backward")
 
 
-def _sharding_item(name, points, cell, make_inputs, drive, check, description):
+def _sharding_item(name, points, cell, make_inputs, drive, check, description, artefacts=()):
     return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind="mechanism",
-                description=description, loopback=True, processes=8, instruments=SHARDING_INSTRUMENTS)
+                description=description, loopback=True, processes=8, instruments=SHARDING_INSTRUMENTS,
+                artefacts=artefacts, scope=SCOPE if artefacts else "")
 
 
 LAB.items += [
@@ -404,5 +414,7 @@ LAB.items += [
     _sharding_item("fsdp_mixed", 2, "fsdp_code", _fsdp_mixed_cases, fsdp_drive, fsdp_check,
                    "FSDP in bf16 with fp32 master shards: parity within bf16's error, 1/N per rank"),
     _sharding_item("tp_mlp", 3, "tp_code", tp_cases, tp_drive, tp_check,
-                   "tensor-parallel MLP: column then row split, parity, one all-reduce per pass"),
+                   "tensor-parallel MLP: column then row split, parity, one all-reduce per pass",
+                   artefacts=("CopyToTensorParallel", "ReduceFromTensorParallel", "ColumnParallelLinear",
+                              "RowParallelLinear")),
 ]

@@ -1,4 +1,4 @@
-# expect: ring_allreduce=tampered
+# expect: ring_allreduce=error
 # Pretending: replaces the grader's trial so that every rank "holds the sum" and "sent" the right bytes.
 # %% grade_id=ring_code
 from fastdl_lab.distributed import ring

@@ -1,4 +1,4 @@
-# expect: parameter_server=tampered
+# expect: parameter_server=failed
 # Pretending: a rule that ignores staleness, and the grader's server loop replaced by one that reports none.
 # %% grade_id=ps_code
 from fastdl_lab.distributed import ps

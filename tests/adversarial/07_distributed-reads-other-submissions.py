@@ -1,4 +1,4 @@
-# expect: ring_allreduce=error
+# expect: ring_allreduce=rejected
 # Reading the answers: copies another student's ring from the submissions folder.
 # %% grade_id=ring_code
 import json

@@ -1,4 +1,4 @@
-# expect: tp_mlp=tampered
+# expect: tp_mlp=error
 # Pretending: an extra all-reduce in every forward, with the grader's all-reduce counter replaced by one that sees none.
 # %% grade_id=tp_code
 import torch
