@@ -540,6 +540,11 @@ print(f"folded vs original, batch of {images.shape[0]}: {cmp.speedup:.2f}x "
 #
 # and the conv's gradients from $\partial L / \partial y$ with `torch.nn.grad.conv2d_input` and
 # `torch.nn.grad.conv2d_weight`. Return `None` for the non-tensor arguments.
+#
+# The grader measures the saved bytes with only `ConvBNRecompute` and `conv_bn_train` taken out of
+# this cell, run with `torch` and `F` as their only names: no imports inside them, no
+# `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
+# anything but `self` and `ctx`. Anything else the cell does at its top level does not reach it.
 
 # %% nbgrader={"grade_id": "convbn_code", "solution": true}
 import torch

@@ -226,6 +226,9 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 
 MEMORY_INSTRUMENTS = ("autograder.labs.lab02_fusion._saved_tensor_bytes", *_common.SAVED_TENSOR_INSTRUMENTS)
+# ConvBN's saved bytes are measured in the child: only its screened class and function run there
+# (engine/artefacts.py), so no cell-level code shares the process with the measurement.
+CONVBN_SCOPE = "import torch\nimport torch.nn.functional as F\n"
 
 LAB = LabSpec(
     name="02_fusion",
@@ -240,7 +243,8 @@ LAB = LabSpec(
         Item("conv_bn_fold", 3, ("fold_code",), fold_inputs, fold_drive, fold_check,
              description="Conv+BatchNorm folding on a hidden network"),
         Item("convbn_memory", 3, ("convbn_code",), convbn_inputs, convbn_drive, convbn_check,
-             kind="mechanism", instruments=MEMORY_INSTRUMENTS, description="ConvBN recompute: correct and >= 40% fewer saved bytes"),
+             kind="mechanism", instruments=MEMORY_INSTRUMENTS, artefacts=("ConvBNRecompute", "conv_bn_train"),
+             scope=CONVBN_SCOPE, description="ConvBN recompute: correct and >= 40% fewer saved bytes"),
         Item("softmax_speed", 2, ("softmax_kernel_code",), speed_inputs, kind="speed", check=speed_check,
              timed=speed_timed, baseline=speed_baseline, kernels=("softmax_kernel",),
              description="speed vs torch.softmax (GPU profiles)"),
