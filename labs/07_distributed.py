@@ -44,12 +44,12 @@
 # state held — which are the same on any hardware; wall times say more about this machine than
 # about the algorithms.
 #
-# **How this lab is graded.** For the ring, the staleness rule and the tensor-parallel MLP the
-# grader takes only your functions and classes out of their cells and runs each on its own, with
-# `torch`, `dist` (`torch.distributed`) and `nn` as the only names available besides what it passes
-# in: no imports inside them, no `getattr`/`eval`, no `_private` attributes of other objects, no
-# assignments to attributes of anything but `self` and `ctx`. Anything else those cells do at their
-# top level does not reach the grader. The DDP, ZeRO and FSDP cells run as they are.
+# **How this lab is graded.** Except for FSDP, the grader takes only your functions and classes
+# out of their cells and runs each on its own, with `torch`, `dist` (`torch.distributed`) and `nn`
+# as the only names available besides what it passes in: no imports inside them, no
+# `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
+# anything but `self` and `ctx` (a gradient, `p.grad = ...`, is fine). Anything else those cells do
+# at their top level does not reach the grader. The FSDP cell runs as it is.
 
 # %%
 from fastdl_lab import device

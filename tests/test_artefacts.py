@@ -89,6 +89,9 @@ def test_kernels_are_left_to_the_kernel_extractor():
     ("type(x).tolist = list", "assigning .tolist"),
     ("del torch.Tensor.numpy", "assigning .numpy"),
     ("x.count += 1", "assigning .count"),
+    ("torch.Tensor.grad = None", "assigning .grad"),
+    ("type(x).grad = None", "assigning .grad"),
+    ("del x.grad", "assigning .grad"),
     ("return torch.multiprocessing", ".multiprocessing"),
 ])
 def test_screen_refuses_ways_out(body, why):
@@ -128,6 +131,35 @@ def test_an_autograd_context_holds_state_like_self():
     assert "ctx.n = n" in artefacts.extract([source], ("F",), LIBRARY)
     with pytest.raises(ArtefactRejected, match="assigning .n"):
         artefacts.extract([source.replace("ctx.n = n", "context.n = n")], ("F",), LIBRARY)
+
+
+def test_a_gradient_may_be_set_through_a_variable():
+    source = ("def sync(params, n):\n    for p in params:\n        p.grad /= n\n    params[0].grad = None\n")
+    assert "p.grad /= n" in artefacts.extract([source], ("sync",), LIBRARY)
+
+
+# What the screen cannot see: a variable that names a class. The descriptors that assignment
+# would replace are instruments of every extracted item, checked after the run.
+_REPLACED_GRAD = """
+import torch
+from autograder.engine import artefacts, child
+instruments = child._Instruments(artefacts.GRAD_DESCRIPTORS)
+instruments.verify()
+T = torch.nn.Parameter
+T.grad = property(lambda self: None)
+try:
+    instruments.verify()
+except child.Tampered as exc:
+    print("tampered:", exc)
+"""
+
+
+def test_a_replaced_grad_descriptor_is_tampered():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _REPLACED_GRAD], capture_output=True, text=True, timeout=120, check=True)
+    assert "tampered: the instrument torch.nn.Parameter.grad was replaced" in done.stdout
 
 
 def test_a_kernel_with_the_release_stub_left_in_is_named_unfinished():

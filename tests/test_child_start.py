@@ -103,3 +103,18 @@ def test_a_kernel_child_compiles_with_the_graders_triton_key(course, cpu, tmp_pa
     status, hashed, compiled = _run_kernel_child(course, cpu, tmp_path, drop_key=True)
     assert (status, hashed) == (0, 1) and compiled  # the probe sees the hash when the key is not given
     assert grade._triton_key() == triton_key()
+
+
+def test_every_extracted_item_checks_the_grad_descriptors(course, cpu):
+    from autograder.engine.artefacts import GRAD_DESCRIPTORS
+
+    lab = lab_spec("07_distributed")
+    item = lab.item("zero1")
+    params = profiles.item_params(cpu, lab.name, item.name)
+    work = grade._Workdir(lab, item, reference_solutions(course, lab.name), item.make_inputs(1, params),
+                          mode="check", params=params)
+    try:
+        assert work.job["artefact_module"] and set(GRAD_DESCRIPTORS) <= set(work.job["instruments"])
+        assert set(item.instruments) <= set(work.job["instruments"])
+    finally:
+        work.remove()

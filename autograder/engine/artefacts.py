@@ -18,7 +18,10 @@ and refuses the submission when anything kept could reach past the names the gra
   ``torch._amp_update_scale_``, ``torch._C``: the library's private machinery);
 - assigning or deleting attributes of anything but ``self`` / ``cls`` / ``ctx`` (``torch.Tensor.item = ...``,
   ``model.parameters = ...``: a rebound library method runs the student's code inside trusted
-  code, after the instruments that count it have stopped);
+  code, after the instruments that count it have stopped), except assigning a gradient through a
+  variable (``p.grad = None``, ``param.grad /= world_size``: what a gradient synchroniser or a
+  sharded optimizer is for). The ``grad`` descriptors that assignment could replace on a class
+  (``T = torch.Tensor; T.grad = ...``) are instruments of every such item (``GRAD_DESCRIPTORS``);
 - attributes that lead to other modules (``sys``, ``modules``, ``importlib``, ``ops``) or start
   threads and processes (``threading``, ``multiprocessing``: work done there escapes the
   instruments of the calling thread), and those
@@ -54,11 +57,14 @@ DENIED_ATTRIBUTES = frozenset({
 OWN = frozenset({"self", "cls", "ctx"})
 # Names only: a class's or function's name is a string, and error messages use it.
 HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__"})
+# Checked unchanged after every extracted item's run (child.py's instruments): assigning ``.grad``
+# through a variable that names a class would replace one of them for every tensor.
+GRAD_DESCRIPTORS = ("torch.Tensor.grad", "torch.nn.Parameter.grad")
 
 SAFE_BUILTINS = {
     name: getattr(builtins, name) for name in (
         "abs", "all", "any", "bool", "callable", "dict", "divmod", "enumerate", "filter", "float", "hasattr",
-        "frozenset", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min",
+        "frozenset", "id", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min",
         "next", "pow", "print", "range", "repr", "reversed", "round", "set", "slice", "sorted", "str",
         "sum", "super", "tuple", "zip", "object", "property", "staticmethod", "classmethod", "type",
         "NotImplemented", "Ellipsis", "Exception", "ArithmeticError", "AssertionError", "AttributeError",
@@ -108,6 +114,8 @@ def _screen_attribute(node: ast.Attribute, owner: str, library: re.Pattern | Non
     if attr.startswith("__"):
         _reject(node, owner, f"the attribute .{attr} is not allowed")
     on_own = isinstance(node.value, ast.Name) and node.value.id in OWN
+    if attr == "grad" and isinstance(node.ctx, ast.Store) and isinstance(node.value, (ast.Name, ast.Subscript)):
+        return
     if isinstance(node.ctx, (ast.Store, ast.Del)) and not on_own:
         _reject(node, owner, f"assigning .{attr}: graded code may change attributes of its own objects only (self.{attr})")
     if on_own:

@@ -150,7 +150,8 @@ class _Workdir:
             self.job.update(kernel_module="kernels.py", triton_key=_triton_key())
         if artefact_source is not None:
             Path(self.path, "artefacts.py").write_text(artefact_source)
-            self.job.update(artefact_module="artefacts.py", scope=item.scope)
+            self.job.update(artefact_module="artefacts.py", scope=item.scope,
+                            instruments=[*self.job["instruments"], *artefacts.GRAD_DESCRIPTORS])
         if kernel_source is None and artefact_source is None:
             for i, cell_id in enumerate(item.cells):
                 name = f"cell_{i}_{cell_id}.py"

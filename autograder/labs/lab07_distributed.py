@@ -237,11 +237,11 @@ def _with_timeout(make_inputs):
     return make
 
 
-# The names a graded function or class of a self-contained cell (ring, parameter server, tensor
-# parallel) runs with. Those items take only the cell's functions and classes, screened
-# (``engine/artefacts.py``): no code of the student's runs in the child beside the trusted driver,
-# so nothing can rewrite what the driver counts or saves. The wrappers (DDP, ZeRO, FSDP) still run
-# their cells whole: they assign ``p.grad`` and module attributes, which the screen refuses.
+# The names the graded functions and classes run with. Every item but FSDP takes only its cell's
+# functions and classes, screened (``engine/artefacts.py``): no code of the student's runs in the
+# child beside the trusted driver, so nothing can rewrite what the driver counts or saves. FSDP's
+# cell still runs whole: its given code moves parameters with ``setattr``/``delattr``, which the
+# screen refuses.
 SCOPE = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
 
 
@@ -255,18 +255,18 @@ LAB = LabSpec(
     name="07_distributed",
     preamble="from fastdl_lab import device\n",
     items=[
-        _item("ddp_parity", 3, "ddp_code", _training_cases, ddp_drive, ddp_check,
+        _item("ddp_parity", 3, "ddp_code", _training_cases, ddp_drive, ddp_check, artefacts=("DDP",),
               description="DDP wrapper: rank 0's state broadcast, single-process parity, one all-reduce per "
                           "parameter launched during backward"),
         _item("bucketed_ddp", 3, "bucketed_code", _training_cases, bucketed_drive, bucketed_check, kind="mechanism",
-              description="bucketed DDP wrapper: parity from skewed starts, one all-reduce per bucket, launched "
+              artefacts=("BucketedDDP",), description="bucketed DDP wrapper: parity from skewed starts, one all-reduce per bucket, launched "
                           "during backward"),
         _item("ring_allreduce", 3, "ring_code", ring_inputs, ring_drive, ring_check, artefacts=("ring_allreduce",),
               description="ring all-reduce from send/recv: exact sums and bytes, ragged sizes, 2-4 ranks"),
         # One comparison, so one point; the runs around it check that the server honours it.
         _item("parameter_server", 1, "ps_code", ps_inputs, ps_drive, ps_check, kind="mechanism",
               artefacts=("bounded_staleness_rule",), description="bounded staleness never exceeds tau and converges"),
-        _item("zero1", 2, "zero_code", zero_inputs, zero_drive, zero_check,
+        _item("zero1", 2, "zero_code", zero_inputs, zero_drive, zero_check, artefacts=("Zero1",),
               description="ZeRO-1 around torch optimizers: bit-identical to AdamW and SGD, each parameter's "
                           "state on one rank, balanced"),
     ],

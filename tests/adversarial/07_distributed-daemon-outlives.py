@@ -1,6 +1,6 @@
-# expect: ddp_parity=error
+# expect: fsdp=error
 # Outliving the grading: a daemon in a new session that tries to leave its cgroup, to edit grades later.
-# %% grade_id=ddp_code
+# %% grade_id=fsdp_code
 import os
 import subprocess
 
@@ -13,6 +13,6 @@ subprocess.Popen(["sleep", "300", "fastdl-adversarial-daemon"], start_new_sessio
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-class DDP:
-    def __init__(self, module):
+class FSDPUnit:
+    def __init__(self, module, compute_dtype=None):
         raise RuntimeError("no work done")

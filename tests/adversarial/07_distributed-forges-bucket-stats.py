@@ -1,4 +1,4 @@
-# expect: bucketed_ddp=tampered
+# expect: bucketed_ddp=error
 # Pretending: plain DDP, with the grader's trial replaced by one that reports bucket-sized all-reduces launched during backward.
 # %% grade_id=bucketed_code
 import torch

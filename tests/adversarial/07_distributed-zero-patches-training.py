@@ -1,4 +1,4 @@
-# expect: zero1=tampered
+# expect: zero1=failed
 # Pretending: the whole optimizer on every rank, with the grader's ZeRO trial replaced to report each parameter's state on one rank only.
 # %% grade_id=zero_code
 from fastdl_lab.distributed import zero

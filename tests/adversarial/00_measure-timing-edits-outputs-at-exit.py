@@ -1,0 +1,28 @@
+# expect: timing=tampered
+# Rewriting the evidence after the grader saved it: a loop that never waits for the device, and an
+# exit hook that replaces the saved samples with the hidden op time read from the job's inputs.
+# %% grade_id=timing_code
+import atexit
+import os
+import time
+
+import torch
+
+
+def time_op(dev, iters=10, warmup=2):
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        dev.launch()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _replace_saved_samples():
+    if not os.path.exists("outputs.pt"):
+        return
+    hidden = torch.load("inputs.pt", weights_only=True)
+    torch.save([hidden["op_seconds"] * 1.01] * hidden["iters"], "outputs.pt")
+
+
+atexit.register(_replace_saved_samples)
