@@ -71,12 +71,17 @@ print(json.dumps([status, hashed_here.cache_info().misses, os.listdir(os.environ
 """
 
 
-def _run_kernel_child(course, profile, tmp_path, drop_key: bool) -> tuple[int, int, list]:
-    lab = lab_spec("01_gemm")
-    item = lab.item("matmul_fp32")
+def _reference_workdir(course, profile, lab_name: str, item_name: str) -> grade._Workdir:
+    """The work directory the parent makes for one item of the reference submission."""
+    lab = lab_spec(lab_name)
+    item = lab.item(item_name)
     params = profiles.item_params(profile, lab.name, item.name)
-    work = grade._Workdir(lab, item, reference_solutions(course, lab.name), item.make_inputs(1, params),
+    return grade._Workdir(lab, item, reference_solutions(course, lab.name), item.make_inputs(1, params),
                           mode="check", params=params)
+
+
+def _run_kernel_child(course, profile, tmp_path, drop_key: bool) -> tuple[int, int, list]:
+    work = _reference_workdir(course, profile, "01_gemm", "matmul_fp32")
     try:
         if drop_key:
             job = json.loads(Path(work.path, "job.json").read_text())
@@ -108,13 +113,9 @@ def test_a_kernel_child_compiles_with_the_graders_triton_key(course, cpu, tmp_pa
 def test_every_extracted_item_checks_the_grad_descriptors(course, cpu):
     from autograder.engine.artefacts import GRAD_DESCRIPTORS
 
-    lab = lab_spec("07_distributed")
-    item = lab.item("zero1")
-    params = profiles.item_params(cpu, lab.name, item.name)
-    work = grade._Workdir(lab, item, reference_solutions(course, lab.name), item.make_inputs(1, params),
-                          mode="check", params=params)
+    work = _reference_workdir(course, cpu, "07_distributed", "zero1")
     try:
         assert work.job["artefact_module"] and set(GRAD_DESCRIPTORS) <= set(work.job["instruments"])
-        assert set(item.instruments) <= set(work.job["instruments"])
+        assert set(lab_spec("07_distributed").item("zero1").instruments) <= set(work.job["instruments"])
     finally:
         work.remove()
