@@ -2,13 +2,15 @@
 with their digest, and refused when anything changed them afterwards (``engine/delivery.py``)."""
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from autograder.engine import delivery, sandbox
+from autograder.engine import delivery, grade, sandbox
 from autograder.engine.delivery import PREFIX
 
 
@@ -70,5 +72,33 @@ def test_something_already_where_the_outputs_go_is_refused(tmp_path, planted):
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_no_announcement_means_nothing_was_delivered():
-    assert "announced 0 times" in delivery.problem([], b"anything")
+def _saved(workdir, value) -> tuple[bytes, str]:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    data = buffer.getvalue()
+    (workdir / delivery.OUTPUTS).write_bytes(data)
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def test_the_parent_grades_only_what_was_announced(tmp_path):
+    data, digest = _saved(tmp_path, {"y": torch.arange(3)})
+    assert torch.equal(grade.delivered_outputs(str(tmp_path), [digest])["y"], torch.arange(3))
+    verdicts = {}
+    for case, announced in [("none", []), ("twice", [digest, digest]), ("other", ["0" * 64])]:
+        with pytest.raises(grade.Undelivered) as info:
+            grade.delivered_outputs(str(tmp_path), announced)
+        verdicts[case] = info.value.status
+    (tmp_path / delivery.OUTPUTS).unlink()
+    (tmp_path / delivery.OUTPUTS).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(grade.Undelivered) as info:
+        grade.delivered_outputs(str(tmp_path), [digest])
+    verdicts["link"] = info.value.status
+    assert verdicts == {"none": "failed", "twice": "tampered", "other": "tampered", "link": "tampered"}
+
+
+def test_outputs_too_large_to_read_are_failed_not_tampered(tmp_path, monkeypatch):
+    data, digest = _saved(tmp_path, torch.zeros(1000))
+    monkeypatch.setattr(grade, "OUTPUTS_CAP", len(data) - 1)
+    with pytest.raises(grade.Undelivered) as info:
+        grade.delivered_outputs(str(tmp_path), [digest])
+    assert (info.value.status, info.value.reason) == ("failed", f"the outputs are larger than {0} MiB")

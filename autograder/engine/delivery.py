@@ -23,7 +23,8 @@ import hashlib
 import os
 
 OUTPUTS = "outputs.pt"
-# Every marker line of the grader starts with this; what follows names the marker's kind.
+# Every marker line of the grader starts with this (the record separator, then the grader's name:
+# no print of ordinary text produces it); what follows names the marker's kind.
 PREFIX = b"\x1efastdl-"
 KIND = "outputs:"
 DIGEST_CHARS = 64

@@ -94,6 +94,10 @@ def _child_env(sandbox: Sandbox, workdir: str) -> dict[str, str]:
                              OMP_NUM_THREADS=str(sandbox.profile.get("threads", 1)), **where)
 
 
+class TooLarge(ValueError):
+    """A file a child wrote that is larger than the parent reads."""
+
+
 def read_regular(path: str, cap: int) -> bytes:
     """A file a child wrote, read without following links or blocking, at most ``cap`` bytes."""
     try:
@@ -107,13 +111,13 @@ def read_regular(path: str, cap: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a regular file")
         if info.st_size > cap:
-            raise ValueError(f"larger than {cap >> 20} MiB")
+            raise TooLarge(f"larger than {cap >> 20} MiB")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(cap + 1)
     finally:
         os.close(fd)
     if len(data) > cap:
-        raise ValueError(f"larger than {cap >> 20} MiB")
+        raise TooLarge(f"larger than {cap >> 20} MiB")
     return data
 
 
@@ -130,6 +134,30 @@ class Undelivered(Exception):
     def __init__(self, status: str, reason: str):
         super().__init__(reason)
         self.status, self.reason = status, reason
+
+
+def delivered_outputs(workdir: str, announced: list[str]):
+    """The outputs the child's trusted code delivered in ``workdir`` with the digests ``announced``
+    (``delivery.py``), or ``Undelivered``: not delivered, or too large, is ``failed``; changed or
+    replaced after delivery, ``tampered``."""
+    if not announced:
+        raise Undelivered("failed", "the code exited before the grader's code could save the outputs "
+                                    "(sys.exit or os._exit in a solution cell?)")
+    try:
+        data = read_regular(os.path.join(workdir, delivery.OUTPUTS), OUTPUTS_CAP)
+    except FileNotFoundError:
+        raise Undelivered("failed", "the outputs the grader's code saved were removed") from None
+    except TooLarge as exc:
+        raise Undelivered("failed", f"the outputs are {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise Undelivered("tampered", f"the outputs the grader's code saved were replaced: {exc}") from None
+    problem = delivery.problem(announced, data)
+    if problem:
+        raise Undelivered("tampered", problem)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - outputs of a student's types may fail to load in many ways
+        raise Undelivered("failed", f"outputs could not be read: {type(exc).__name__}: {exc}") from None
 
 
 class _Workdir:
@@ -172,25 +200,6 @@ class _Workdir:
             return (status if status in ("error", "tampered", "not_a_kernel") else "error"), str(report["error"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return "error", "the child reported an error it could not describe"
-
-    def outputs(self, announced: list[str]):
-        """The outputs the child's trusted code delivered (``delivery.py``), or ``Undelivered``."""
-        if not announced:
-            raise Undelivered("failed", "the code exited before the grader's code could save the outputs "
-                                        "(sys.exit or os._exit in a solution cell?)")
-        try:
-            data = read_regular(os.path.join(self.path, delivery.OUTPUTS), OUTPUTS_CAP)
-        except FileNotFoundError:
-            raise Undelivered("failed", "the outputs the grader's code saved were removed") from None
-        except (OSError, ValueError) as exc:
-            raise Undelivered("tampered", f"the outputs the grader's code saved were replaced: {exc}") from None
-        problem = delivery.problem(announced, data)
-        if problem:
-            raise Undelivered("tampered", problem)
-        try:
-            return torch.load(io.BytesIO(data), weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - outputs of a student's types may fail to load in many ways
-            raise Undelivered("failed", f"outputs could not be read: {type(exc).__name__}: {exc}") from None
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -284,7 +293,7 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         if not result.ok:
             return _failure(item, result, work)
         try:
-            outputs = work.outputs(delivery.digests(result.marks))
+            outputs = delivered_outputs(work.path, delivery.digests(result.marks))
         except Undelivered as exc:
             return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason), wall_s=result.wall_s)
         if mode == "check":

@@ -22,7 +22,7 @@ import math
 from autograder.engine.delivery import PREFIX
 from fastdl_lab.timing import MAX_BATCH
 
-# A line no print of ordinary text produces: the record separator, then the grader's name.
+# The timing markers are grader markers (``delivery.PREFIX``) of this kind.
 KIND = "timing:"
 MARK = PREFIX + KIND.encode()
 PHASES = ("start", "end")

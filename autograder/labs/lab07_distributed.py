@@ -259,7 +259,8 @@ LAB = LabSpec(
               description="DDP wrapper: rank 0's state broadcast, single-process parity, one all-reduce per "
                           "parameter launched during backward"),
         _item("bucketed_ddp", 3, "bucketed_code", _training_cases, bucketed_drive, bucketed_check, kind="mechanism",
-              artefacts=("BucketedDDP",), description="bucketed DDP wrapper: parity from skewed starts, one all-reduce per bucket, launched "
+              artefacts=("BucketedDDP",),
+              description="bucketed DDP wrapper: parity from skewed starts, one all-reduce per bucket, launched "
                           "during backward"),
         _item("ring_allreduce", 3, "ring_code", ring_inputs, ring_drive, ring_check, artefacts=("ring_allreduce",),
               description="ring all-reduce from send/recv: exact sums and bytes, ragged sizes, 2-4 ranks"),
