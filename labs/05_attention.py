@@ -542,6 +542,11 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_z, stride_row, N
 # runs `attention.launch_backward(kernels, q3, k3, v3, o3, lse, do3, causal, scale, config)`, and
 # returns one gradient per `forward` input (`None` for the non-tensors). `flash(...)` below passes
 # your class to the package's launcher, which validates the inputs and picks the tiles.
+#
+# The grader takes only the classes and functions of this cell, beside your forward kernel, and
+# runs them with `torch` and `attention` as the only names: no imports inside them, no
+# `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
+# anything but `self` and `ctx`. Whatever else the cell does at its top level does not reach it.
 
 # %% nbgrader={"grade_id": "attn_function_code", "solution": true}
 import torch

@@ -44,12 +44,12 @@
 # state held — which are the same on any hardware; wall times say more about this machine than
 # about the algorithms.
 #
-# **How this lab is graded.** Except for FSDP, the grader takes only your functions and classes
-# out of their cells and runs each on its own, with `torch`, `dist` (`torch.distributed`) and `nn`
-# as the only names available besides what it passes in: no imports inside them, no
-# `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
-# anything but `self` and `ctx` (a gradient, `p.grad = ...`, is fine). Anything else those cells do
-# at their top level does not reach the grader. The FSDP cell runs as it is.
+# **How this lab is graded.** The grader takes only your functions and classes out of their cells
+# and runs each on its own, with `torch`, `dist` (`torch.distributed`) and `nn` as the only names
+# available besides what it passes in (and `fsdp`, the package's unit helpers, for FSDP): no
+# imports inside them, no `getattr`/`eval`, no `_private` attributes of other objects, no
+# assignments to attributes of anything but `self` and `ctx` (a gradient, `p.grad = ...`, is fine).
+# Anything else those cells do at their top level does not reach the grader.
 
 # %%
 from fastdl_lab import device
@@ -1122,8 +1122,7 @@ class FSDPUnit(nn.Module):
         self.compute_dtype = compute_dtype or torch.float32
         self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
         fsdp.free_storage(self.full)
-        for owner, name, _ in self.slots:
-            delattr(owner, name)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
         self._pending = None
 
@@ -1131,10 +1130,7 @@ class FSDPUnit(nn.Module):
         fsdp.free_storage(self.full)
 
     def use_views(self, full):
-        offset = 0
-        for owner, name, shape in self.slots:
-            setattr(owner, name, full[offset:offset + shape.numel()].view(shape))
-            offset += shape.numel()
+        fsdp.place_views(self.slots, full)
 
     def gather(self, async_op=False):
         ### BEGIN SOLUTION

@@ -2,8 +2,9 @@
 
 import pytest
 
-from autograder.engine import artefacts
-from autograder.engine.artefacts import ArtefactRejected, SAFE_BUILTINS
+from autograder.engine import artefacts, reach
+from autograder.engine.artefacts import ArtefactRejected
+from autograder.engine.reach import SAFE_BUILTINS
 
 HONEST = '''
 import torch
@@ -93,6 +94,11 @@ def test_kernels_are_left_to_the_kernel_extractor():
     ("type(x).grad = None", "assigning .grad"),
     ("del x.grad", "assigning .grad"),
     ("return torch.multiprocessing", ".multiprocessing"),
+    ("return torch.serialization.pickle", ".pickle"),
+    ("return dist.recv_object_list(x)", ".recv_object_list"),
+    ("return torch.utils.cpp_extension", ".cpp_extension"),
+    ("return x.numpy().tofile('payload.so')", ".tofile"),
+    ("return torch.autograd.gc", ".gc"),
 ])
 def test_screen_refuses_ways_out(body, why):
     source = f"def f(x):\n    {body}\n"
@@ -194,7 +200,7 @@ def test_required_literal_constants_are_artefacts():
 
 def test_safe_builtins_run_classes_and_refuse_the_rest():
     ns = {"__name__": "student_kernels", "torch": __import__("torch")}
-    ns["__builtins__"] = dict(SAFE_BUILTINS)
+    ns["__builtins__"] = reach.extracted_builtins(frozenset())
     module = _module(HONEST, ("Scaler", "Optimizer"))
     exec(compile(module.replace("torch.no_grad()", "torch.no_grad()"), "artefacts.py", "exec"), ns)
     scaler = ns["Scaler"](init_scale=8.0)
@@ -208,3 +214,47 @@ def test_safe_builtins_run_classes_and_refuse_the_rest():
     assert "__import__" in SAFE_BUILTINS
     with pytest.raises(ArtefactRejected, match="__import__"):
         artefacts.extract(["def f():\n    return __import__\n"], ("f",))
+
+
+def test_every_attribute_read_goes_through_the_guard_and_modules_must_be_provided():
+    import torch
+
+    from fastdl_lab import optim
+
+    module = artefacts.extract(["def f(x):\n    return torch.nn.functional.relu(x).sum()\n\n"
+                                "def table(names):\n    return optim.multi_tensor_table(names)\n\n"
+                                "def reach(x):\n    return torch.serialization.io\n"], ("f",))
+    assert "torch.nn." not in module and f"{reach.GUARD}({reach.GUARD}(torch, 'nn'), 'functional')" in module
+    ns = {"__name__": "student_artefacts", "torch": torch, "optim": optim,
+          "__builtins__": reach.extracted_builtins(frozenset({"fastdl_lab.optim"}))}
+    exec(compile(module, "artefacts.py", "exec"), ns)
+    assert ns["f"](torch.tensor([-1.0, 2.0])).item() == 2.0
+    assert callable(ns["table"].__globals__["optim"].multi_tensor_table)
+    with pytest.raises(reach.Unreachable, match="torch.serialization"):
+        ns["reach"](None)
+
+
+_UNPICKLING = r"""
+import io, pickle, collections
+import torch
+from autograder.engine import reach
+buffer = io.BytesIO()
+torch.save({"t": torch.arange(3), "d": collections.OrderedDict(a=1)}, buffer)
+reach.refuse_unpickling(r"^amp$|scaler|adam")
+assert torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)["t"].tolist() == [0, 1, 2]
+for payload in (b"cbuiltins\nexec\n.", b"cos\nsystem\n.", b"ctorch.amp\nGradScaler\n.", b"cio\nBytesIO\n."):
+    try:
+        pickle.loads(payload)
+    except reach.Unreachable as exc:
+        print("refused:", exc)
+"""
+
+
+def test_unpickling_what_runs_code_or_is_the_library_is_refused():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _UNPICKLING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
+    assert [line.split()[2] for line in refused] == ["builtins.exec", "os.system", "torch.amp.GradScaler", "io.BytesIO"]

@@ -76,6 +76,23 @@ def test_flat_layout_pads_to_equal_shards():
         fsdp.flat_layout(torch.nn.Tanh(), 2)
 
 
+def test_parameters_move_only_through_the_slots_of_modules():
+    block = MODEL()[0]
+    slots, numel, _ = fsdp.flat_layout(block, 2)
+    fsdp.drop_parameters(slots)
+    assert list(block.parameters()) == []
+    full = torch.arange(float(numel + 1))
+    fsdp.place_views(slots, full)
+    assert block[0].weight.data_ptr() == full.data_ptr() and block[0].bias[0].item() == 24 * 11
+    with pytest.raises(ValueError, match="no parameter 'weight'"):
+        fsdp.drop_parameters(slots)
+    # The helpers are what graded code may call: they set layers' public attributes, nothing else.
+    with pytest.raises(TypeError, match="a slot is"):
+        fsdp.place_views([(torch.Tensor, "grad", torch.Size([1]))], full)
+    with pytest.raises(TypeError, match="a slot is"):
+        fsdp.place_views([(block[0], "_parameters", torch.Size([1]))], full)
+
+
 @pytest.mark.parametrize("world_size, prefetch", [(2, False), (3, True)])
 def test_fsdp_matches_one_process_and_keeps_one_shard(reference, world_size, prefetch):
     results = _train(world_size, prefetch=prefetch)

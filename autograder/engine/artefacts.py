@@ -29,17 +29,20 @@ and refuses the submission when anything kept could reach past the names the gra
   pattern: lab 04 refuses ``amp``, ``*Scaler*`` and ``*adam*``).
 
 The child runs the kept code with a namespace built by the item's trusted ``scope`` and a
-restricted set of builtins. The screen is a deny-list over a small language, not a proof; what it
-cannot see, the parent's checks of the values still judge.
+restricted set of builtins. The screen is a deny-list over a small language, not a proof: a name it
+allows can still lead to a module that offers a way out. So every attribute the kept code reads is
+rewritten into a call of the guard ``reach.py`` provides at run time, which refuses modules the item
+does not provide, and the child refuses to unpickle what runs code. What neither can see, the
+parent's checks of the values still judge.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import re
 
 from autograder.engine.kernels import JIT_NAMES, _constant, _dotted, top_level_statements
+from autograder.engine.reach import GUARD
 from fastdl_lab import pyast
 
 DENIED_CALLS = frozenset({
@@ -50,6 +53,14 @@ DENIED_ATTRIBUTES = frozenset({
     "sys", "modules", "os", "importlib", "builtins", "ops", "library", "hub", "load",
     "f_globals", "f_locals", "f_back", "gi_frame", "cr_frame", "tb_frame", "func_globals",
     "threading", "multiprocessing", "subprocess", "ctypes", "Thread", "Process",
+    # Readers that turn bytes into any object they name, and the loaders of native code.
+    "pickle", "loads", "marshal", "read_pickle", "to_pickle", "load_pickle", "cpp_extension", "load_inline",
+    "load_library", "tofile",
+    # Object-passing collectives unpickle what another rank sends.
+    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "send_object_list",
+    "recv_object_list",
+    # The interpreter's own view of every object and frame.
+    "gc", "get_objects", "get_referrers", "get_referents", "inspect", "currentframe",
 })
 # An autograd.Function keeps its state on ``ctx`` as a class keeps it on ``self``. A name is only a
 # name: a method can be handed a library class as its ``self`` or ``ctx``, so an item whose figures
@@ -61,21 +72,6 @@ HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__"})
 # through a variable that names a class would replace one of them for every tensor.
 GRAD_DESCRIPTORS = ("torch.Tensor.grad", "torch.nn.Parameter.grad")
 
-SAFE_BUILTINS = {
-    name: getattr(builtins, name) for name in (
-        "abs", "all", "any", "bool", "callable", "dict", "divmod", "enumerate", "filter", "float", "hasattr",
-        "frozenset", "id", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min",
-        "next", "pow", "print", "range", "repr", "reversed", "round", "set", "slice", "sorted", "str",
-        "sum", "super", "tuple", "zip", "object", "property", "staticmethod", "classmethod", "type",
-        "NotImplemented", "Ellipsis", "Exception", "ArithmeticError", "AssertionError", "AttributeError",
-        "IndexError", "KeyError", "LookupError", "NotImplementedError", "OverflowError", "RuntimeError",
-        "StopIteration", "TypeError", "ValueError", "ZeroDivisionError", "__build_class__",
-        # C code that imports while a student frame is the innermost one (torch's dispatch does)
-        # looks __import__ up in that frame's builtins; the screen keeps the student's code from
-        # naming it.
-        "__import__",
-    )
-}
 
 
 class ArtefactRejected(ValueError):
@@ -156,7 +152,18 @@ def _extract(sources: list[str], required: tuple[str, ...], library: re.Pattern 
     missing = [name for name in required if name not in defined]
     if missing:
         raise ArtefactRejected(f"the solution cells define no class, function or constant named {missing[0]}")
-    return ast.unparse(ast.fix_missing_locations(ast.Module(body=kept, type_ignores=[]))) + "\n"
+    module = _GuardedReads().visit(ast.Module(body=kept, type_ignores=[]))
+    return ast.unparse(ast.fix_missing_locations(module)) + "\n"
+
+
+class _GuardedReads(ast.NodeTransformer):
+    """``a.b`` read becomes ``__fastdl_attr__(a, "b")``; stores and deletes stay as the screen let them."""
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load):
+            return node
+        return ast.copy_location(ast.Call(ast.Name(GUARD, ast.Load()), [node.value, ast.Constant(node.attr)], []), node)
 
 
 def _is_jit(stmt: ast.stmt) -> bool:

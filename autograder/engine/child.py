@@ -114,7 +114,7 @@ def _exec_file(path: str, ns: dict) -> None:
     exec(compile(source, path, "exec"), ns)
 
 
-def _namespace(job: dict, workdir: str) -> dict:
+def _namespace(job: dict, workdir: str, library: str) -> dict:
     if job.get("kernel_module") or job.get("artefact_module"):
         ns: dict = {"__name__": "student_kernels"}
         if job.get("kernel_module"):
@@ -124,7 +124,7 @@ def _namespace(job: dict, workdir: str) -> dict:
             if device.interpreting():
                 _prove_kernels_compile(ns)
         if job.get("artefact_module"):
-            return _artefact_namespace(job, workdir, kernels=ns)
+            return _artefact_namespace(job, workdir, kernels=ns, library=library)
         return ns
     ns = {"__name__": "__main__"}
     exec(compile(job["preamble"], os.path.join(workdir, "preamble.py"), "exec"), ns)
@@ -133,17 +133,22 @@ def _namespace(job: dict, workdir: str) -> dict:
     return ns
 
 
-def _artefact_namespace(job: dict, workdir: str, kernels: dict) -> dict:
+def _artefact_namespace(job: dict, workdir: str, kernels: dict, library: str) -> dict:
     """The student's screened classes and functions, in a namespace of their own: the scope's
-    names, the kernels and constants, and the safe builtins. Kernels keep their own globals (with
-    Python's builtins, which Triton's compiler and interpreter need)."""
-    from autograder.engine.artefacts import SAFE_BUILTINS
+    names, the kernels and constants, the safe builtins and the guard every attribute read goes
+    through (``reach.py``). Kernels keep their own globals (with Python's builtins, which Triton's
+    compiler and interpreter need)."""
+    from types import ModuleType
+
+    from autograder.engine import reach
 
     ns: dict = {"__name__": "student_artefacts"}
     exec(compile(job["scope"], os.path.join(workdir, "scope.py"), "exec"), ns)
+    scope_modules = frozenset(value.__name__ for value in ns.values() if isinstance(value, ModuleType))
     ns.update({name: value for name, value in kernels.items() if not name.startswith("__")})
     # Functions capture the builtins of the namespace they are defined in.
-    ns["__builtins__"] = dict(SAFE_BUILTINS)
+    ns["__builtins__"] = reach.extracted_builtins(scope_modules)
+    reach.refuse_unpickling(library)
     _exec_file(os.path.join(workdir, job["artefact_module"]), ns)
     return ns
 
@@ -210,7 +215,7 @@ def main(workdir: str) -> int:
         _reuse_triton_key(job["triton_key"])
     instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if speed else ()))
     try:
-        ns = _namespace(job, workdir)
+        ns = _namespace(job, workdir, item.library)
         if speed:
             instruments.verify()  # before the clock starts: a patched clock never times anything
             outputs = _timed(item, ns, inputs, job["params"], compare, announce)

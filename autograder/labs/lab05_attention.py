@@ -211,6 +211,9 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 
 FORWARD = (STUDENT_KERNELS["fwd"],)
+# The wiring is graded on its own: only the cell's classes and functions (screened) run, with these
+# names and the forward kernel, so no code of the student's can rewrite what the driver measures.
+MEMORY_SCOPE = "import torch\nfrom fastdl_lab import attention\n"
 MEMORY_INSTRUMENTS = ("autograder.labs.lab05_attention._saved_tensor_bytes",
                       "autograder.labs.lab05_attention._flash_attention", *_common.SAVED_TENSOR_INSTRUMENTS)
 
@@ -228,7 +231,8 @@ LAB = LabSpec(
              kernels=tuple(STUDENT_KERNELS[key] for key in OPTIONAL_BWD),
              description="optional: the dQ kernel, one program per query block"),
         Item("attention_memory", 2, ("attn_fwd_code", "attn_function_code"), memory_inputs, memory_drive,
-             memory_check, kind="mechanism", instruments=MEMORY_INSTRUMENTS, description="the student's autograd wiring keeps nothing N x N"),
+             memory_check, kind="mechanism", kernels=FORWARD, artefacts=("FlashAttention",), scope=MEMORY_SCOPE,
+             instruments=MEMORY_INSTRUMENTS, description="the student's autograd wiring keeps nothing N x N"),
         Item("attention_speed", 2, ("attn_fwd_code",), speed_inputs, kind="speed", check=speed_check,
              timed=speed_timed, baseline=speed_baseline, kernels=FORWARD, description="forward vs scaled_dot_product_attention (GPU)"),
     ],

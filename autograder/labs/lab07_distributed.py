@@ -237,18 +237,18 @@ def _with_timeout(make_inputs):
     return make
 
 
-# The names the graded functions and classes run with. Every item but FSDP takes only its cell's
-# functions and classes, screened (``engine/artefacts.py``): no code of the student's runs in the
-# child beside the trusted driver, so nothing can rewrite what the driver counts or saves. FSDP's
-# cell still runs whole: its given code moves parameters with ``setattr``/``delattr``, which the
-# screen refuses.
+# The names the graded functions and classes run with. Every item takes only its cell's functions
+# and classes, screened (``engine/artefacts.py``): no code of the student's runs in the child beside
+# the trusted driver, so nothing can rewrite what the driver counts or saves. FSDP's units move
+# parameters through the package's helpers (``fsdp.drop_parameters``, ``fsdp.place_views``), as
+# graded code may not assign to attributes of other objects.
 SCOPE = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
+FSDP_SCOPE = SCOPE + "from fastdl_lab.distributed import fsdp\n"
 
 
-def _item(name, points, cell, make_inputs, drive, check, kind="correctness", description="", artefacts=()):
+def _item(name, points, cell, make_inputs, drive, check, artefacts, kind="correctness", description=""):
     return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind=kind, description=description,
-                loopback=True, processes=8, instruments=INSTRUMENTS, artefacts=artefacts,
-                scope=SCOPE if artefacts else "")
+                loopback=True, processes=8, instruments=INSTRUMENTS, artefacts=artefacts, scope=SCOPE)
 
 
 LAB = LabSpec(
@@ -403,17 +403,19 @@ def tp_check(inputs: dict, outputs, params: dict) -> Verdict:
                           f"world{'s' * (len(cases) != 1)}, with one all-reduce in forward and one in backward")
 
 
-def _sharding_item(name, points, cell, make_inputs, drive, check, description, artefacts=()):
+def _sharding_item(name, points, cell, make_inputs, drive, check, description, artefacts, scope=SCOPE):
     return Item(name, points, (cell,), _with_timeout(make_inputs), drive, check, kind="mechanism",
                 description=description, loopback=True, processes=8, instruments=SHARDING_INSTRUMENTS,
-                artefacts=artefacts, scope=SCOPE if artefacts else "")
+                artefacts=artefacts, scope=scope)
 
 
 LAB.items += [
     _sharding_item("fsdp", 3, "fsdp_code", _fsdp_cases, fsdp_drive, fsdp_check,
-                   "FSDP: parity, 1/N of the weights per rank, gathered and freed unit by unit"),
+                   "FSDP: parity, 1/N of the weights per rank, gathered and freed unit by unit",
+                   artefacts=("FSDPUnit",), scope=FSDP_SCOPE),
     _sharding_item("fsdp_mixed", 2, "fsdp_code", _fsdp_mixed_cases, fsdp_drive, fsdp_check,
-                   "FSDP in bf16 with fp32 master shards: parity within bf16's error, 1/N per rank"),
+                   "FSDP in bf16 with fp32 master shards: parity within bf16's error, 1/N per rank",
+                   artefacts=("FSDPUnit",), scope=FSDP_SCOPE),
     _sharding_item("tp_mlp", 3, "tp_code", tp_cases, tp_drive, tp_check,
                    "tensor-parallel MLP: column then row split, parity, one all-reduce per pass",
                    artefacts=("CopyToTensorParallel", "ReduceFromTensorParallel", "ColumnParallelLinear",

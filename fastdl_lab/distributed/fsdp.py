@@ -67,6 +67,31 @@ def flat_layout(module: nn.Module, world_size: int) -> tuple[list[tuple[nn.Modul
     return slots, numel, math.ceil(numel / world_size)
 
 
+def _checked_slot(owner, name) -> None:
+    if not isinstance(owner, nn.Module) or not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise TypeError(f"a slot is (submodule, public attribute name, shape) from flat_layout, not ({owner!r}, {name!r})")
+
+
+def drop_parameters(slots: Sequence[tuple[nn.Module, str, torch.Size]]) -> None:
+    """Remove each slot's parameter from the submodule that holds it: from now on the layers see
+    whatever ``place_views`` puts there, and the unit's shard is the only parameter left."""
+    for owner, name, _ in slots:
+        _checked_slot(owner, name)
+        if name not in owner._parameters:
+            raise ValueError(f"{type(owner).__name__} has no parameter {name!r} to drop")
+        delattr(owner, name)
+
+
+def place_views(slots: Sequence[tuple[nn.Module, str, torch.Size]], full: torch.Tensor) -> None:
+    """Point every slot's attribute at its piece of the flat vector ``full`` (views: no copy)."""
+    offset = 0
+    for owner, name, shape in slots:
+        _checked_slot(owner, name)
+        n = math.prod(shape)
+        setattr(owner, name, full[offset:offset + n].view(shape))
+        offset += n
+
+
 def flatten_padded(tensors: Sequence[torch.Tensor], padded_numel: int) -> torch.Tensor:
     """The tensors one after another as one vector, zero-padded to ``padded_numel`` elements."""
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
@@ -133,9 +158,7 @@ class FSDPUnit(nn.Module):
         self.compute_dtype = compute_dtype or self.shard.dtype
         self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype, device=flat.device)
         free_storage(self.full)
-        # The module's own parameters go: from now on its layers see views of ``full``.
-        for owner, name, _ in self.slots:
-            delattr(owner, name)
+        drop_parameters(self.slots)  # from now on the layers see views of ``full``
         self.next_unit: FSDPUnit | None = None
         self._pending = None
 
@@ -158,11 +181,7 @@ class FSDPUnit(nn.Module):
 
     def use_views(self, full: torch.Tensor) -> None:
         """Point every layer's weight at its piece of ``full`` (views: no copy)."""
-        offset = 0
-        for owner, name, shape in self.slots:
-            n = shape.numel()
-            setattr(owner, name, full[offset:offset + n].view(shape))
-            offset += n
+        place_views(self.slots, full)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ### BEGIN SOLUTION

@@ -1,5 +1,5 @@
-# expect: attention_memory=tampered
-# Pretending: saves the N x N scores, then replaces the grader's measurement with one that says 0.
+# expect: attention_memory=failed
+# Pretending: saves the N x N scores, and replaces the grader's measurement with one that says 0 at the top of the cell, which the grader never runs.
 # %% grade_id=attn_function_code
 import torch
 

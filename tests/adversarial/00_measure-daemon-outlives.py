@@ -1,6 +1,6 @@
-# expect: fsdp=error
+# expect: roofline=error
 # Outliving the grading: a daemon in a new session that tries to leave its cgroup, to edit grades later.
-# %% grade_id=fsdp_code
+# %% grade_id=roofline_code
 import os
 import subprocess
 
@@ -11,8 +11,4 @@ for _procs in ("/sys/fs/cgroup/pids/cgroup.procs", "/sys/fs/cgroup/cgroup.procs"
         pass
 subprocess.Popen(["sleep", "300", "fastdl-adversarial-daemon"], start_new_session=True,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-class FSDPUnit:
-    def __init__(self, module, compute_dtype=None):
-        raise RuntimeError("no work done")
+raise RuntimeError("no work done")

@@ -1,6 +1,6 @@
-# expect: attention_memory=error|crashed
+# expect: roofline=error|crashed
 # Stopping the batch: kills every process above it, hoping the grader is among them.
-# %% grade_id=attn_function_code
+# %% grade_id=roofline_code
 import os
 import signal
 
