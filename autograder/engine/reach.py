@@ -46,8 +46,9 @@ SAFE_BUILTINS = {
 # item's scope imports.
 REACHABLE_MODULES = frozenset({
     "math", "numpy", "numpy.linalg", "numpy.random",
-    "torch", "torch.nn", "torch.nn.functional", "torch.nn.grad", "torch.nn.init", "torch.autograd", "torch.linalg", "torch.special",
-    "torch.fft", "torch.random", "torch.cuda", "torch.distributed", "torch.optim", "torch.utils", "torch.utils.data",
+    "torch", "torch.nn", "torch.nn.functional", "torch.nn.grad", "torch.nn.init", "torch.nn.utils", "torch.autograd",
+    "torch.linalg", "torch.special", "torch.fft", "torch.random", "torch.cuda", "torch.cuda.nvtx", "torch.distributed",
+    "torch.optim", "torch.utils", "torch.utils.data",
     "triton", "triton.language",
 })
 REFUSED_BUILTINS = frozenset({
