@@ -219,19 +219,26 @@ def test_safe_builtins_run_classes_and_refuse_the_rest():
 def test_every_attribute_read_goes_through_the_guard_and_modules_must_be_provided():
     import torch
 
-    from fastdl_lab import optim
+    from fastdl_lab import distributed
 
     module = artefacts.extract(["def f(x):\n    return torch.nn.functional.relu(x).sum()\n\n"
-                                "def table(names):\n    return optim.multi_tensor_table(names)\n\n"
+                                "def helpers():\n    return distributed.fsdp\n\n"
                                 "def reach(x):\n    return torch.serialization.io\n"], ("f",))
     assert "torch.nn." not in module and f"{reach.GUARD}({reach.GUARD}(torch, 'nn'), 'functional')" in module
-    ns = {"__name__": "student_artefacts", "torch": torch, "optim": optim,
-          "__builtins__": reach.extracted_builtins(frozenset({"fastdl_lab.optim"}))}
-    exec(compile(module, "artefacts.py", "exec"), ns)
-    assert ns["f"](torch.tensor([-1.0, 2.0])).item() == 2.0
-    assert callable(ns["table"].__globals__["optim"].multi_tensor_table)
+
+    def run(scope_modules: frozenset) -> dict:
+        ns = {"__name__": "student_artefacts", "torch": torch, "distributed": distributed,
+              "__builtins__": reach.extracted_builtins(scope_modules)}
+        exec(compile(module, "artefacts.py", "exec"), ns)
+        return ns
+
+    provided = run(frozenset({"fastdl_lab.distributed", "fastdl_lab.distributed.fsdp"}))
+    assert provided["f"](torch.tensor([-1.0, 2.0])).item() == 2.0
+    assert provided["helpers"]() is distributed.fsdp
     with pytest.raises(reach.Unreachable, match="torch.serialization"):
-        ns["reach"](None)
+        provided["reach"](None)
+    with pytest.raises(reach.Unreachable, match="fastdl_lab.distributed.fsdp"):
+        run(frozenset({"fastdl_lab.distributed"}))["helpers"]()
 
 
 _UNPICKLING = r"""

@@ -8,7 +8,8 @@ The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus ei
   proves its body is Triton and not Python in disguise; or
 - ``artefacts.py``: the student's classes and functions, screened and extracted by the parent
   (``artefacts.py`` of the engine), run in the names the item's trusted ``scope`` imports and with
-  a restricted set of builtins (with or without kernels beside them); or
+  a restricted set of builtins, every attribute read checked and unpickling narrowed
+  (``reach.py``), with or without kernels beside them; or
 - one file per solution cell, executed after the lab preamble (Python items). The instruments
   the item names are bound before the cells run and checked afterwards: a replaced one ends the
   run as ``tampered``.

@@ -51,10 +51,13 @@ REACHABLE_MODULES = frozenset({
     "torch.optim", "torch.utils", "torch.utils.data",
     "triton", "triton.language",
 })
-REFUSED_BUILTINS = frozenset({
-    "eval", "exec", "compile", "getattr", "setattr", "delattr", "__import__", "open", "globals", "locals", "vars",
-    "breakpoint", "input",
+# Builtins that reach objects by name, run source or touch files: the screen refuses their names,
+# and unpickling refuses them too (with __import__, which the screen refuses as a dunder).
+DENIED_CALLS = frozenset({
+    "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
+    "vars", "dir", "breakpoint", "input", "help", "memoryview", "exit", "quit",
 })
+REFUSED_BUILTINS = DENIED_CALLS | {"__import__"}
 REFUSED_MODULE_ROOTS = frozenset({
     "os", "posix", "nt", "sys", "subprocess", "importlib", "ctypes", "runpy", "code", "codeop", "marshal", "pickle",
     "_pickle", "shutil", "socket", "pty", "signal", "io", "_io", "threading", "_thread", "gc", "inspect",

@@ -276,7 +276,8 @@ LAB = LabSpec(
 
 # --- FSDP (ZeRO-3) and the tensor-parallel MLP -------------------------------------------------
 # Their figures are taken inside the ranks by fastdl_lab.distributed.census, bound before the
-# cells run and verified after them, and judged here against references computed in this process.
+# student's classes exist and verified after the run, and judged here against references computed
+# in this process.
 
 import torch  # noqa: E402
 
