@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from autograder import gradebook, journal, notebook, records
+from autograder import gradebook, journal, notebook, records, workfolder
 from autograder.course import Course
 from autograder.engine import bwrap
 from autograder.engine.items import load_lab
@@ -155,6 +155,8 @@ def _collect(specs: list[JobSpec], cluster, scheduler: str | None, gpu: bool) ->
     finally:
         if cluster is not None:
             cluster.close()
+            # The folders of jobs on workers killed late in the run, which no later job swept.
+            workfolder.remove_abandoned()
 
 
 def _store(course: Course, result: dict, run: journal.Run, profile: dict, summary: BatchSummary,

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autograder import notebook, records
+from autograder import notebook, records, workfolder
 from autograder.course import Course, tool_env, write_config
 from autograder.engine import bwrap, kernel_jail
 from autograder.engine.grade import grade_submission, student_seed
@@ -223,7 +223,18 @@ def grade_job(spec: JobSpec) -> dict:
     result = JobResult(spec.lab, spec.student, worker=socket.gethostname())
     course = Course(Path(spec.course_root))
     submitted = course.submitted(spec.student, spec.lab)
-    work = Path(tempfile.mkdtemp(prefix="fastdl-job-"))
+    try:
+        # Those of jobs whose worker was killed: only a later job on the machine can remove them.
+        workfolder.remove_abandoned()
+        with workfolder.job_folder() as work:
+            _grade_in(spec, course, submitted, work, result, started)
+    except OSError as exc:  # the folder could not be made: _grade_in names every fault of its own
+        result.error = records.clean_reason(f"grader fault: no work folder: {exc}")
+        result.seconds = {"total": round(time.monotonic() - started, 2)}
+    return result.as_dict()
+
+
+def _grade_in(spec: JobSpec, course: Course, submitted: Path, work: Path, result: JobResult, started: float) -> None:
     nbgrader_s = 0.0
 
     def run_nbgrader() -> None:
@@ -250,7 +261,7 @@ def grade_job(spec: JobSpec) -> dict:
             lab, submitted, release=course.release(spec.lab), profile=spec.profile,
             seed=student_seed(spec.seed, lab.name, spec.student), student_package=course.student_package,
             isolated=spec.isolated, parallel=spec.item_parallel, only=set(spec.only) if spec.only else None,
-            alongside=run_nbgrader if spec.execute else None,
+            alongside=run_nbgrader if spec.execute else None, scratch=work,
         )
         result.items = [v.as_dict() for v in verdicts]
         done = time.monotonic()
@@ -261,6 +272,3 @@ def grade_job(spec: JobSpec) -> dict:
     except Exception:  # noqa: BLE001 - a grader fault must not take the batch down; it is named
         result.error = records.clean_reason("grader fault: " + traceback.format_exc(limit=4).strip().splitlines()[-1])
         result.seconds = {"total": round(time.monotonic() - started, 2)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return result.as_dict()

@@ -267,20 +267,21 @@ import tempfile
 from pathlib import Path
 
 if be.gpu:
-    script = Path(tempfile.mkdtemp(prefix="fastdl-cudf-pandas-")) / "plain_pandas.py"
-    script.write_text(
-        "import time\n"
-        "import numpy as np\n"
-        "import pandas as pd\n"
-        "rng = np.random.default_rng(0)\n"
-        "df = pd.DataFrame({'key': rng.integers(0, 1000, 20_000_000), 'x': rng.random(20_000_000)})\n"
-        "start = time.perf_counter()\n"
-        "df.groupby('key')['x'].mean().sort_index()\n"
-        "print(f'{time.perf_counter() - start:.3f}')\n")
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
-    accelerated = subprocess.run([sys.executable, "-m", "cudf.pandas", str(script)], capture_output=True, text=True,
-                                 check=True).stdout
-    print(f"groupby-mean of 20M rows: pandas {plain.strip()} s, under cudf.pandas {accelerated.strip()} s")
+    with tempfile.TemporaryDirectory(prefix="fastdl-cudf-pandas-") as folder:
+        script = Path(folder) / "plain_pandas.py"
+        script.write_text(
+            "import time\n"
+            "import numpy as np\n"
+            "import pandas as pd\n"
+            "rng = np.random.default_rng(0)\n"
+            "df = pd.DataFrame({'key': rng.integers(0, 1000, 20_000_000), 'x': rng.random(20_000_000)})\n"
+            "start = time.perf_counter()\n"
+            "df.groupby('key')['x'].mean().sort_index()\n"
+            "print(f'{time.perf_counter() - start:.3f}')\n")
+        plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+        accelerated = subprocess.run([sys.executable, "-m", "cudf.pandas", str(script)], capture_output=True, text=True,
+                                     check=True).stdout
+        print(f"groupby-mean of 20M rows: pandas {plain.strip()} s, under cudf.pandas {accelerated.strip()} s")
 else:
     print("needs a GPU (and RAPIDS): cudf.pandas accelerates only on a CUDA device")
 
@@ -361,12 +362,12 @@ else:
 import tempfile
 from pathlib import Path
 
-folder = Path(tempfile.mkdtemp(prefix="fastdl-trips-"))
 many, _ = tabular.make_trips(3_000 if QUICK else 30_000, seed=10)
-paths, _ = tabular.write_dataset(many, zones, folder, fmt="parquet", n_files=3)
 workers = 1 if QUICK else 2
-started = time.perf_counter()
-distributed = tabular.etl_dask([str(p) for p in paths], zones, n_workers=workers, prepare=prepare)
+with tempfile.TemporaryDirectory(prefix="fastdl-trips-") as folder:
+    paths, _ = tabular.write_dataset(many, zones, Path(folder), fmt="parquet", n_files=3)
+    started = time.perf_counter()
+    distributed = tabular.etl_dask([str(p) for p in paths], zones, n_workers=workers, prepare=prepare)
 print(f"Dask, {workers} worker process(es), {len(paths)} partitions: {time.perf_counter() - started:.1f} s "
       "(most of it starting the cluster: on one small machine a single pandas process wins)")
 tabular.compare_tables(distributed, etl(many, zones), ["borough", "hour"])

@@ -65,7 +65,7 @@ def _scores(course, students):
 
 
 @pytest.mark.slow
-def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cpu):
+def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cpu, tmp_path, monkeypatch):
     from distributed import Client, Future
 
     course = load_course
@@ -73,6 +73,8 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     assert len(students) == 24
     jobs = [(LAB, s) for s in students]
     before = set(descendants(os.getpid()))
+    # The workers' temporary directory, where the jobs make their folders: this test's own.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     cluster = batch.local_cluster(2, gpu=False)
     killed: list[str] = []  # keys of the jobs that were on a killed worker (running or queued)
     kills: list[int] = []  # how many results were in when each kill came
@@ -127,6 +129,8 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     assert scores["deletes-test-0007"][ITEM][1] == "tampered"
     assert scores["loops-0001"][ITEM][1] == "timeout"
     assert not _left_behind(before), "the cluster and every sandbox are gone"
+    # The killed workers' job folders too, swept by the jobs that came after.
+    assert not list(tmp_path.glob("fastdl-*"))
 
     # The same inputs and seed, graded again one by one: the same scores.
     again = ["honest-0000", "honest-0003", "crashes-0000", "not-json-0005", "deletes-test-0007", "links-to-another-0006"]
@@ -135,8 +139,12 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumes_where_it_stopped(course, cpu, tmp_path):
+def test_an_interrupted_run_resumes_where_it_stopped(course, cpu, tmp_path, monkeypatch):
     copy = copy_build(course, tmp_path / "course")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
     students = [f"s{i}" for i in range(6)]
     for s in students:
         make_submission(copy, LAB, s, reference_solutions(copy, LAB))
@@ -171,6 +179,8 @@ def test_an_interrupted_run_resumes_where_it_stopped(course, cpu, tmp_path):
         assert record["seed"] == SEED and [i["item"] for i in record["items"]] == [ITEM]
         assert record["items"][0]["status"] == "passed"
     assert journal.latest_unfinished(copy.root, {LAB}) is None
+    # The killed run's job folder went with the first job of the resumed one.
+    assert not list(scratch.glob("fastdl-*"))
 
 
 def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, monkeypatch):

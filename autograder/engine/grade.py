@@ -68,6 +68,7 @@ class Sandbox:
     student_package: Path
     profile: dict
     isolated: bool = True
+    scratch: Path | None = None  # where the children's work folders are made; None: the temporary directory
 
 
 def _digest(*parts) -> int:
@@ -164,13 +165,13 @@ class _Workdir:
     """A private directory, owned by the sandboxed uid, holding one child's job and results."""
 
     def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
-                 params: dict):
+                 params: dict, within: Path | None = None):
         # Only the jit functions, screened classes and functions, and constants of an extracted
         # item's cells reach the child; a rejected one raises here, before anything is made.
         sources = [cells[c] for c in item.cells]
         kernel_source = kernels.extract(sources, item.kernels) if item.kernels else None
         artefact_source = artefacts.extract(sources, item.artefacts, item.library) if item.artefacts else None
-        self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-")
+        self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-", dir=within)
         self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
                     "params": params, "instruments": list(item.instruments)}
         if kernel_source is not None:
@@ -282,7 +283,7 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
     if mode == "speed":
         params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
     try:
-        work = _Workdir(lab, item, cells, inputs, mode=mode, params=params)
+        work = _Workdir(lab, item, cells, inputs, mode=mode, params=params, within=sandbox.scratch)
     except kernels.KernelRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
     except artefacts.ArtefactRejected as exc:
@@ -358,10 +359,11 @@ def run_items(items: list[Item], grade_one, parallel: int, alongside=None) -> li
 
 def grade_submission(
     lab: LabSpec, path: Path, *, release: Path, profile: dict, seed: int, student_package: Path, parallel: int = 2,
-    isolated: bool = True, only: set[str] | None = None, alongside=None,
+    isolated: bool = True, only: set[str] | None = None, alongside=None, scratch: Path | None = None,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` (or those named in ``only``) in the notebook at ``path``; never
-    raises for the student's doing. ``alongside`` runs once, as ``run_items`` says."""
+    raises for the student's doing. ``alongside`` runs once, as ``run_items`` says. The children's
+    work folders are made in ``scratch`` (the job's folder), else in the temporary directory."""
     items = [it for it in lab.items if only is None or it.name in only]
     try:
         submitted = notebook.graded_cells(notebook.read_notebook(path))
@@ -372,7 +374,7 @@ def grade_submission(
                 if notebook.needs_gpu(it, profile) else
                 ItemResult(it.name, 0.0, it.points, "invalid_notebook", clean_reason(exc)) for it in items]
     released = notebook.graded_cells(notebook.read_notebook(release))
-    sandbox = Sandbox(Path(student_package), profile, isolated)
+    sandbox = Sandbox(Path(student_package), profile, isolated, scratch)
 
     def grade_one(item: Item) -> ItemResult:
         result = _grade_one(item)
