@@ -93,9 +93,8 @@ def test_reference_notebook_records_are_clean(demo):
     """What nbgrader's run of each reference left in the notebook the student gets back: no
     error, and nothing on stderr but the engine's notes and the profiler's trace markers. A
     sandbox without fonts, host names or a writable /tmp has every notebook print fontconfig's
-    and gloo's complaints, and lab 09's nvcc cell fail."""
+    and gloo's complaints."""
     from autograder.execute import NOT_RUN
-    from fastdl_lab.custom import sources
 
     for lab in all_labs().values():
         course = demo[lab.name].course
@@ -106,9 +105,6 @@ def test_reference_notebook_records_are_clean(demo):
                 if output.get("name") == "stderr" and output.text != NOT_RUN:
                     noise = [ln for ln in output.text.splitlines() if ln.strip() and not ln.startswith("USDT:")]
                     assert noise == [], (lab.name, index, noise[:3])
-        if lab.name == "09_custom_ops" and sources.find_nvcc():
-            printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
-            assert ".target sm_90" in printed and "nvcc fatal" not in printed
 
 
 def test_untouched_release_scores_zero_without_crashing(demo):
