@@ -68,19 +68,21 @@ DEMO_WORKERS = 2
 class Demo:
     course: object  # the autograder.course.Course this lab was graded in
     summary: object  # its autograder.pipeline.LabSummary
+    executed: frozenset  # the students whose notebook nbgrader ran
 
 
 # nbgrader's run of a notebook is the student's own record for formgrader and the feedback, not
 # the grade, and most of a submission's grading time: the demo runs it for each lab's reference,
-# every submission of lab 00 (formgrader's list in the browser test) and the buggy feedback the
-# tests read; the engine grades every submission. Those it does not execute are graded on the
-# items their mistake can reach (the others grade as the reference does).
-def demo_executed(lab: str, student: str) -> bool:
-    return student == "reference" or lab == "00_measure" or (lab, student) == ("01_gemm", "buggy-k-remainder")
+# the buggy feedback the tests read and, in a session with the browser tests, every submission of
+# lab 00 (formgrader's list); the engine grades every submission. Those it does not execute are
+# graded on the items their mistake can reach (the others grade as the reference does).
+def demo_executed(lab: str, student: str, browser: bool) -> bool:
+    return (student == "reference" or (browser and lab == "00_measure")
+            or (lab, student) == ("01_gemm", "buggy-k-remainder"))
 
 
 @pytest.fixture(scope="session")
-def demo(course, cpu, tmp_path_factory):
+def demo(course, cpu, tmp_path_factory, request):
     """The demo students of every lab, graded in one course on a local cluster of DEMO_WORKERS
     workers (autograder/batch.py): {lab: Demo}. Shared by the pipeline and browser tests, so that a
     session grades the class once."""
@@ -94,11 +96,13 @@ def demo(course, cpu, tmp_path_factory):
     # with one at the end.
     labs = sorted(all_labs().values(), key=lambda lab: -max(item.build_s for item in lab.items))
     jobs = [(lab.name, student) for lab in labs for student in demo_students(copy, lab.name)]
+    browser = any(item.get_closest_marker("browser") for item in request.session.items)
+    executed = {job for job in jobs if demo_executed(*job, browser)}
     cluster = batch.local_cluster(DEMO_WORKERS, gpu=False)
     try:
         targeted = [[lab, student, demo_targets(lab, student)] for lab, student in jobs
-                    if not demo_executed(lab, student) and demo_targets(lab, student)]
-        runs = [batch.grade(copy, [job for job in jobs if demo_executed(*job) == execute], profile=cpu,
+                    if (lab, student) not in executed and demo_targets(lab, student)]
+        runs = [batch.grade(copy, [job for job in jobs if (job in executed) == execute], profile=cpu,
                             seed=DEMO_SEED, scheduler=cluster.scheduler_address, execute=execute,
                             only_per_job=None if execute else targeted)
                 for execute in (True, False)]
@@ -107,4 +111,6 @@ def demo(course, cpu, tmp_path_factory):
     done = batch.BatchSummary(jobs=[job for run in runs for job in run.jobs],
                               failures=[f for run in runs for f in run.failures],
                               seconds={job: s for run in runs for job, s in run.seconds.items()})
-    return {lab.name: Demo(copy, pipeline.lab_summary(lab.name, done)) for lab in labs}
+    return {lab.name: Demo(copy, pipeline.lab_summary(lab.name, done),
+                           frozenset(student for lab_name, student in executed if lab_name == lab.name))
+            for lab in labs}
