@@ -29,20 +29,17 @@ def job_folder() -> Iterator[Path]:
     """A new folder in the temporary directory, locked for as long as the block runs; removed after."""
     made = tempfile.mkdtemp(prefix=_UNCLAIMED)
     fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
+    held = made
     try:
         # flock, not lockf: flock's lock belongs to this open file, so a sweep run by another job
         # of the same process cannot take it; lockf's would be this whole process's.
         fcntl.flock(fd, fcntl.LOCK_EX)
         path = Path(os.path.dirname(made), PREFIX + os.path.basename(made)[len(_UNCLAIMED):])
         os.rename(made, path)
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(made, ignore_errors=True)
-        raise
+        held = path
+        yield path
     finally:
+        shutil.rmtree(held, ignore_errors=True)
         os.close(fd)
 
 
