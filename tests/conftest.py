@@ -1,4 +1,6 @@
+import fcntl
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +45,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def course(tmp_path_factory):
-    """One built course (every lab's source, release and student package) for the whole session."""
-    from autograder.course import Course, build
+def course(tmp_path_factory, request):
+    """One built course (every lab's source, release and student package) for the whole session.
+
+    With several xdist workers (make test) the first to come builds it once, in the run's folder
+    they share, and each worker grades in a copy of its own (``copy_build``: a SQLite gradebook
+    keeps to one writer): a build is about 25 s of a core, a copy a fraction of a second."""
+    from autograder.course import Course, build, copy_build
 
     course = Course(tmp_path_factory.mktemp("course"))
-    build(course)
-    return course
+    if not hasattr(request.config, "workerinput") or course.sqlite_file() is None:
+        build(course)
+        return course
+    shared = Course(tmp_path_factory.getbasetemp().parent / "course-build")
+    with open(shared.root.parent / "course-build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its worker dies
+        built = shared.root / ".built"
+        if not built.exists():
+            shutil.rmtree(shared.root, ignore_errors=True)  # a worker that died half-way
+            build(shared)
+            built.touch()
+    return copy_build(shared, course.root)
 
 
 @pytest.fixture(scope="session")
