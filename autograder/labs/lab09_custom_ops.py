@@ -246,7 +246,22 @@ def matmul_speed_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 
 def qat_inputs(seed: int, params: dict) -> dict:
-    return {"seed": seed % 100_003, "bits": int(params.get("bits", 4)), "steps": int(params.get("steps", 600))}
+    """The float model is trained here, once: the child starts its QAT from these weights, and
+    ``qat_check`` quantises the same ones for PTQ (2000 Adam steps, about 2 s of a core, that the
+    child would otherwise repeat)."""
+    from fastdl_lab.quant import training as qat
+
+    seed = seed % 100_003
+    return {"seed": seed, "bits": int(params.get("bits", 4)), "steps": int(params.get("steps", 600)),
+            "float_state": {k: v.detach().clone() for k, v in qat.train_float(seed).state_dict().items()}}
+
+
+def _float_model(inputs: dict):
+    from fastdl_lab.quant import training as qat
+
+    model = qat.make_model(int(inputs["seed"]))
+    model.load_state_dict(inputs["float_state"])
+    return model.eval()
 
 
 def qat_drive(ns: dict, inputs: dict) -> dict:
@@ -257,20 +272,17 @@ def qat_drive(ns: dict, inputs: dict) -> dict:
     seed, bits = int(inputs["seed"]), int(inputs["bits"])
     task = qat.make_task(seed)
     with one_thread():
-        model = qat.train_float(seed)
-        trained = qat.qat(model, bits, int(inputs["steps"]), task.train, fake_quant=ns["fake_quant"], seed=seed + 1)
+        trained = qat.qat(_float_model(inputs), bits, int(inputs["steps"]), task.train, fake_quant=ns["fake_quant"],
+                          seed=seed + 1)
     return {"state": {k: v.detach().clone() for k, v in trained.state_dict().items()}}
 
 
 def qat_check(inputs: dict, outputs, params: dict) -> Verdict:
     from fastdl_lab.quant import training as qat
 
-    from fastdl_lab.quant.formats import one_thread
-
     seed, bits = int(inputs["seed"]), int(inputs["bits"])
     task = qat.make_task(seed)
-    with one_thread():
-        model = qat.train_float(seed)
+    model = _float_model(inputs)
     ptq_accuracy = qat.accuracy(qat.ptq(model, bits, task.train[0]), task.test)
     # The student's weights in the package's quantised model: it rounds with the package's own
     # fake-quant, whatever function trained them.
