@@ -117,3 +117,26 @@ def test_the_readme_lists_every_hostile_submission_with_its_expected_verdict():
         assert row, f"README's security table has no row for {fixture.stem}"
         for item, statuses in expectations(fixture).items():
             assert f"{item}: {'/'.join(sorted(statuses))}" in row, f"{fixture.stem}: README shows another verdict"
+
+
+def test_spoiled_float_weights_leave_the_ptq_baseline_alone(course, cpu):
+    """Lab 09's QAT child receives the float weights the parent trained for the item's inputs. What
+    the child does to its copy does not reach the PTQ figure the verdict compares against: it is the
+    parent's PTQ of the float model of the same hidden seed, computed here again from scratch."""
+    from autograder import profiles
+    from autograder.engine.grade import item_seed
+    from fastdl_lab.quant import training
+
+    lab = load_lab("09_custom_ops")
+    item = lab.item("qat_beats_ptq")
+    profile = profile_for(cpu)
+    path = variant(course, lab.name, "adversary-qat-baseline", HERE / "09_custom_ops-qat-spoils-float-weights.py")
+    [result] = grade_submission(lab, path, release=course.release(lab.name), profile=profile, seed=99,
+                                student_package=course.student_package, only={item.name})
+    assert result.status == "failed" and result.score == 0, result.reason
+    inputs = item.make_inputs(item_seed(99, item.name), profiles.item_params(profile, lab.name, item.name))
+    task = training.make_task(inputs["seed"])
+    honest = training.accuracy(training.ptq(training.train_float(inputs["seed"]), inputs["bits"], task.train[0]),
+                               task.test)
+    assert result.details["ptq"] == honest > 0.4
+    assert result.details["qat"] < honest
