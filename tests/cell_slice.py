@@ -23,9 +23,6 @@ import symtable
 
 from autograder.feedback import is_test_cell
 
-_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
-           ast.DictComp, ast.GeneratorExp)
-
 
 class _TopLevel(ast.NodeVisitor):
     """The cell's top level in the order Python runs it: what it binds, and what it reads before
