@@ -88,14 +88,75 @@ def _parents(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _dir_args(path: str, made: set[str], perms: str = "0755") -> list[str]:
-    # Mount points bubblewrap creates would be root-only; the dropped uid must traverse them.
-    args = []
+def _dir_ops(path: str, made: set[str], perms: str = "0755") -> list[list]:
+    # Mount points the sandbox creates would be root-only; the dropped uid must traverse them.
+    ops = []
     for parent in _parents(path):
         if parent not in made:
             made.add(parent)
-            args += ["--perms", perms, "--dir", parent]
-    return args
+            ops.append(["dir", parent, perms])
+    return ops
+
+
+def plan(view: View) -> list[list]:
+    """The sandbox's filesystem, step by step, as JSON-ready lists; :func:`command` hands it to
+    bubblewrap, and the fork server (``forkserver.py``) builds the same tree itself. Each step is
+    one of ``["symlink", target, path]``, ``["dir", path, perms]``, ``["ro-bind", host, path]``,
+    ``["ro-bind-try", host, path]`` (skipped when the host path is missing), ``["bind", host, path]``,
+    ``["dev-bind", host, path]``, ``["tmpfs", path, perms or None, bytes or None]``,
+    ``["proc", path]`` and ``["dev", path]``."""
+    ops: list[list] = []
+    for path in MERGED_USR:
+        if os.path.islink(path):
+            ops.append(["symlink", os.readlink(path), path])
+        elif os.path.isdir(path):
+            ops.append(["ro-bind", path, path])
+    made: set[str] = set()
+    for path in SYSTEM_RO:
+        ops += _dir_ops(path, made) + [["ro-bind-try", path, path]]
+    ops.append(["ro-bind", HOSTS_FILE, "/etc/hosts"])
+    # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
+    # Capped like /dev/shm below: a file parked in a tmpfs is memory no resident-set limit sees.
+    # Sticky and world-writable as a /tmp is: a /tmp the dropped uid cannot write sends every
+    # temporary file (Python's tempfile falls back to the working directory) to the uncapped
+    # work directory on the host's disk instead.
+    ops += [["proc", "/proc"], ["dev", "/dev"], ["tmpfs", "/tmp", "01777", TMP_BYTES]]
+    # A plain /dev/shm would be root's, which the dropped uid cannot write: POSIX semaphores
+    # (every multiprocessing Lock and Queue, so every DataLoader with workers) and torch's
+    # shared-memory tensors live there. A sticky, world-writable tmpfs of its own fixes that; its
+    # size is capped because pages parked there and unmapped are memory the resident-set
+    # watchdog does not see.
+    ops.append(["tmpfs", "/dev/shm", "01777", SHM_BYTES])
+    # Before the read-only binds, which may put files inside a scratch folder.
+    made.add("/tmp")
+    for host, inside in view.scratch.items():
+        if not inside.startswith("/tmp/"):
+            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
+        ops += _dir_ops(inside, made, "01777") + [["bind", host, inside]]
+        made.add(inside)
+    for path in _python_paths():
+        ops += _dir_ops(path, made) + [["ro-bind", path, path]]
+    for host, inside in view.read_only.items():
+        ops += _dir_ops(inside, made) + [["ro-bind", host, inside]]
+    for path in _hidden_full_package():
+        ops.append(["tmpfs", path, None, None])
+    ops.append(["bind", view.workdir, JOB])
+    if view.gpu:
+        ops += [["dev-bind", dev, dev] for dev in sorted(glob.glob("/dev/nvidia*"))]
+    return ops
+
+
+def _bwrap_args(op: list) -> list[str]:
+    kind, *rest = op
+    if kind == "dir":
+        return ["--perms", rest[1], "--dir", rest[0]]
+    if kind == "tmpfs":
+        path, perms, size = rest
+        return ((["--perms", perms] if perms else []) + (["--size", str(size)] if size else [])
+                + ["--tmpfs", path])
+    if kind in ("proc", "dev"):
+        return [f"--{kind}", rest[0]]
+    return [f"--{kind}", *rest]
 
 
 def command(argv: list[str], view: View) -> list[str]:
@@ -110,44 +171,8 @@ def command(argv: list[str], view: View) -> list[str]:
         args.append("--unshare-net")  # bubblewrap brings loopback up in the new namespace
     if not root:
         args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
-    for path in MERGED_USR:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    made: set[str] = set()
-    for path in SYSTEM_RO:
-        args += _dir_args(path, made) + ["--ro-bind-try", path, path]
-    args += ["--ro-bind", HOSTS_FILE, "/etc/hosts"]
-    # /tmp first: the Python installation or the course may live below /tmp (a CI clone does).
-    # Capped like /dev/shm below: a file parked in a tmpfs is memory no resident-set limit sees.
-    # Sticky and world-writable as a /tmp is: bubblewrap makes it root's, and a /tmp the dropped
-    # uid cannot write sends every temporary file (Python's tempfile falls back to the working
-    # directory) to the uncapped work directory on the host's disk instead.
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
-    # bubblewrap's /dev/shm is a plain root-owned directory, which the dropped uid cannot write:
-    # POSIX semaphores (every multiprocessing Lock and Queue, so every DataLoader with workers)
-    # and torch's shared-memory tensors live there. A sticky, world-writable tmpfs of its own
-    # fixes that; its size is capped because pages parked there and unmapped are memory the
-    # resident-set watchdog does not see.
-    args += ["--perms", "01777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
-    # Before the read-only binds, which may put files inside a scratch folder.
-    made.add("/tmp")
-    for host, inside in view.scratch.items():
-        if not inside.startswith("/tmp/"):
-            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
-        args += _dir_args(inside, made, "01777") + ["--bind", host, inside]
-        made.add(inside)
-    for path in _python_paths():
-        args += _dir_args(path, made) + ["--ro-bind", path, path]
-    for host, inside in view.read_only.items():
-        args += _dir_args(inside, made) + ["--ro-bind", host, inside]
-    for path in _hidden_full_package():
-        args += ["--tmpfs", path]
-    args += ["--bind", view.workdir, JOB]
-    if view.gpu:
-        for dev in sorted(glob.glob("/dev/nvidia*")):
-            args += ["--dev-bind", dev, dev]
+    for op in plan(view):
+        args += _bwrap_args(op)
     args += ["--chdir", JOB, "--"]
     if root:
         args += [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",

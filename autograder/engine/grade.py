@@ -31,7 +31,7 @@ import torch
 import autograder
 from autograder import notebook, profiles
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, delivery, kernels, speed
+from autograder.engine import artefacts, bwrap, delivery, kernels, prefork, speed
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -217,12 +217,26 @@ def _precompiled_headers() -> Path | None:
         return None
 
 
-def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None) -> ChildResult:
-    env = _child_env(sandbox, work.path)
+def _item_env(sandbox: Sandbox, workdir: str, headers: Path | None) -> dict[str, str]:
+    env = _child_env(sandbox, workdir)
     if headers is not None:
         from fastdl_lab.custom.pch import ENV_VAR
 
         env[ENV_VAR] = str(headers.parent) if not sandbox.isolated else PCH_DIR
+    return env
+
+
+def start_fork_servers(lab: LabSpec, profile: dict) -> None:
+    """Start now, not at the first item, the fork servers (``prefork.py``) this grading process's
+    sandboxed children of ``lab`` will be forked from: a process pays their start once."""
+    sandbox = Sandbox(Path(), profile)
+    variants = {None} | ({_precompiled_headers()} if any(item.torch_headers for item in lab.items) else set())
+    for headers in variants:
+        prefork.server_for(_item_env(sandbox, bwrap.JOB, headers), gpu=bool(profile.get("gpu")))
+
+
+def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None) -> ChildResult:
+    env = _item_env(sandbox, work.path, headers)
     # The outputs' announcement (delivery.py) and, in mode "speed", the timed phase's markers.
     mark = delivery.PREFIX
     if not sandbox.isolated:
@@ -234,7 +248,8 @@ def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path |
         read_only[str(headers)] = f"{PCH_DIR}/{headers.name}"
     view = bwrap.View(work.path, read_only=read_only, gpu=bool(sandbox.profile.get("gpu")))
     argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]
-    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view, mark=mark)
+    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view, mark=mark,
+                         server=prefork.server_for(env, gpu=view.gpu))
 
 
 def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:

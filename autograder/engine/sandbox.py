@@ -10,23 +10,21 @@ of processes, and the output cap. Nothing here imports the child's code.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import resource
 import signal
-import socket
-import struct
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
 from autograder.engine import bwrap
+from autograder.engine.forkserver import loopback_up
 from autograder.engine.jail import Jail
+from autograder.engine.prefork import Forked, ForkServer, Unavailable
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # bubblewrap's monitor and the init of the pid namespace it creates.
 SANDBOX_PROCESSES = 2
@@ -64,6 +62,7 @@ class ChildResult:
     sandboxed: bool = False  # in bubblewrap's namespaces as an unprivileged uid
     # (phase, time.monotonic() on arrival) of every marker line the child printed, when asked for.
     marks: list[tuple[str, float]] = field(default_factory=list)
+    forked: bool = False  # forked from a warm interpreter (prefork.py), not started by bubblewrap
 
     @property
     def ok(self) -> bool:
@@ -86,13 +85,6 @@ def _unshare_network() -> bool:
         return False
 
 
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, request)[:18])[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
-
-
 def _process_table() -> list[tuple[int, int, int]]:
     """(pid, parent pid, session id) of every process that is still there when read."""
     table = []
@@ -110,6 +102,10 @@ def _process_table() -> list[tuple[int, int, int]]:
         if len(fields) > 3:
             table.append((int(entry), int(fields[1]), int(fields[3])))
     return table
+
+
+def _children(parent: int) -> list[int]:
+    return [pid for pid, ppid, _ in _process_table() if ppid == parent]
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -169,36 +165,51 @@ def _marker_lines(mark: bytes, marks: list[tuple[str, float]]):
     return feed
 
 
+def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
+    cpu = max(1, int(limits.cpu_s))
+    found = {"RLIMIT_CPU": (cpu, cpu + 5), "RLIMIT_CORE": (0, 0)}
+    if limits.limit_address_space:
+        found["RLIMIT_AS"] = (limits.memory_bytes, limits.memory_bytes)
+    return found
+
+
 def run_sandboxed(
     argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None,
-    mark: bytes | None = None,
+    mark: bytes | None = None, server: ForkServer | None = None,
 ) -> ChildResult:
     """Run ``argv`` under ``limits`` (isolated as ``view`` says, if given); never raises for
     anything the child does. With ``mark``, lines of output starting with it are stamped with the
-    parent's clock as they arrive (``ChildResult.marks``)."""
+    parent's clock as they arrive (``ChildResult.marks``). With a ``server`` (and a ``view``), a
+    ``python -c``/``-m`` argv runs in a child forked from that warm interpreter (``prefork.py``)
+    in the same sandbox, else through bubblewrap."""
     marker = os.path.join(cwd, ".network")
+    jail = Jail.create()
+    start = time.monotonic()
+    if view is not None and server is not None:
+        try:
+            proc = server.spawn(argv, view=view, env=env, rlimits=_rlimits(limits),
+                                jail=str(jail.path) if jail else None)
+        except Unavailable:
+            proc = None  # the server died: this child starts cold, and the next asks for a new server
+        if proc is not None:
+            return _watch(proc, start, limits, view, jail, marker, mark)
     if view is not None:
         argv = bwrap.command(argv, view)
-    jail = Jail.create()
 
     def preexec() -> None:
         os.setsid()
         die_with_parent()
         if jail is not None:
             jail.enter()
-        cpu = max(1, int(limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-        if limits.limit_address_space:
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for name, value in _rlimits(limits).items():
+            resource.setrlimit(getattr(resource, name), value)
         # bubblewrap makes its own network namespace (unless the view shares the caller's).
         if view is None and limits.isolate_network and _unshare_network():
             if limits.loopback:
-                _loopback_up()
+                loopback_up()
             with open(marker, "w") as f:
                 f.write("isolated")
 
-    start = time.monotonic()
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -208,7 +219,14 @@ def run_sandboxed(
         stderr=subprocess.STDOUT,
         preexec_fn=preexec,
     )
+    return _watch(proc, start, limits, view, jail, marker, mark)
+
+
+def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Jail | None, marker: str,
+           mark: bytes | None) -> ChildResult:
+    """The watchdog over a started child (a Popen, or a ``prefork.Forked``) until it ends."""
     sid = proc.pid
+    forked = isinstance(proc, Forked)
     verdict: list[tuple[str, str]] = []
     tail = bytearray()
     seen = 0
@@ -237,7 +255,10 @@ def run_sandboxed(
         allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else 0)
         if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
-        resident = _resident_bytes(pids)
+        # A forked sandbox's monitor and init are copies of the warm interpreter that run no
+        # student code: the pages they share with the child count once, in the child.
+        helpers = {sid, *_children(sid)} if forked else set()
+        resident = _resident_bytes([pid for pid in pids if pid not in helpers])
         if resident > limits.memory_bytes and not verdict:
             verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
         if verdict:
@@ -271,4 +292,4 @@ def run_sandboxed(
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks)
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks, forked)
