@@ -1,6 +1,8 @@
 """What a sandboxed child can see, write and reach: only its own work directory and what it is given."""
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -305,3 +307,78 @@ def test_the_warm_interpreter_holds_no_reference_a_child_could_copy(tmp_path, mo
         server.close()
     assert result.forked and result.status == "ok", result.output_tail
     assert ("held []" not in result.output_tail) == found, result.output_tail
+
+
+UNPRIVILEGED_GRADER = r'''
+import json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from autograder.engine import bwrap, prefork
+from autograder.engine.sandbox import Limits, run_sandboxed
+env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+code = """
+import os, socket
+status = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)
+refused = []
+for path in ('/out', '/usr/x'):
+    try:
+        open(path, 'w')
+    except OSError:
+        refused.append(path)
+s = socket.create_server(('127.0.0.1', 0)); socket.create_connection(s.getsockname(), timeout=2)
+open('/job/out', 'w').write('x')
+print('SEEN', repr([os.getuid(), os.getgid(), status['CapEff'], status['CapBnd'], status['NoNewPrivs'],
+                    sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), refused]))
+"""
+found = {}
+for kind, server in (("fork server", prefork.ForkServer(env)), ("bubblewrap", None)):
+    work = tempfile.mkdtemp()
+    bwrap.prepare_workdir(work)
+    result = run_sandboxed([bwrap.PYTHON, "-c", code], limits=Limits(wall_s=60), cwd=work, env=env,
+                           view=bwrap.View(work), server=server)
+    seen = result.output_tail.split("SEEN ", 1)[-1].strip()
+    found[kind] = [result.status, result.forked, seen, os.stat(os.path.join(work, "out")).st_uid]
+print(json.dumps({"grader": os.geteuid(), "found": found}))
+'''
+
+
+def _shown_to_everyone(*paths: str) -> list[str]:
+    """Shell steps that, in a private mount namespace, let any uid reach ``paths``: each folder on
+    the way that others cannot enter (this machine's interpreter lives under root's 0700 home,
+    pytest's folders under a 0700 one) is covered by a tmpfs holding only the folders below it
+    on the way."""
+    below: dict[Path, set[str]] = {}
+    for path in paths:
+        for parent in Path(path).parents:
+            if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
+                below.setdefault(parent, set()).add(Path(path).relative_to(parent).parts[0])
+    steps = []
+    for parent, children in sorted(below.items(), key=lambda kv: len(kv[0].parts)):  # outer folders first
+        binds = " && ".join(f"mkdir $d/{c} && mount --rbind {parent}/{c} $d/{c}" for c in sorted(children))
+        steps.append(f"d=$(mktemp -d) && mount -t tmpfs -o mode=0755 tmpfs $d && {binds} && mount --rbind $d {parent}")
+    return steps
+
+
+def test_an_unprivileged_grader_gets_the_same_sandbox_from_both(tmp_path):
+    # A grader that is not root: both kinds of child make a user namespace that maps its uid to
+    # the sandbox's. Run here as uid 65534 with no capability.
+    if os.geteuid() != 0:
+        pytest.skip("this run is already unprivileged: every test above covers it")
+    home = tmp_path / "grader"
+    home.mkdir()
+    os.chown(home, bwrap.NOBODY, bwrap.NOBODY)
+    script = home / "grader.py"
+    script.write_text(UNPRIVILEGED_GRADER)
+    steps = _shown_to_everyone(os.path.realpath(sys.executable), str(home), str(ROOT)) + [
+        f"exec {bwrap.SETPRIV} --reuid={bwrap.NOBODY} --regid={bwrap.NOBODY} --clear-groups --inh-caps=-all "
+        f"--bounding-set=-all env HOME={home} TMPDIR={home} {sys.executable} {script} {ROOT}"]
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["grader"] == bwrap.NOBODY
+    expected = [bwrap.NOBODY, bwrap.NOBODY, "0000000000000000", "0000000000000000", "1", [1, 2], ["/out", "/usr/x"]]
+    for kind, forked in (("fork server", True), ("bubblewrap", False)):
+        status, was_forked, seen, owner = report["found"][kind]
+        assert (status, was_forked) == ("ok", forked), (kind, seen)
+        assert eval(seen) == expected, (kind, seen)
+        assert owner == bwrap.NOBODY  # the grader's own uid, outside

@@ -173,7 +173,9 @@ def command(argv: list[str], view: View) -> list[str]:
         args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     for op in plan(view):
         args += _bwrap_args(op)
-    args += ["--chdir", JOB, "--"]
+    # The root bubblewrap builds is a tmpfs; in a user namespace the sandbox's uid owns it and,
+    # writable, it would hold files in memory no limit sees.
+    args += ["--remount-ro", "/", "--chdir", JOB, "--"]
     if root:
         args += [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]

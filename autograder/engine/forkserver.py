@@ -17,9 +17,11 @@ request it forks, and the fork isolates itself the way ``bwrap.py`` isolates a f
 
 The server never runs student code; only the child does, after every step above. It is run as a
 script (``python -P forkserver.py FD PRELOAD...``) so that nothing of the grader's package is
-imported in it: what the child finds on ``sys.path`` is what its sandbox shows. It needs the
-rights to make namespaces and mount, so it is used only where the grader runs as root
-(``prefork.py`` falls back to bubblewrap elsewhere). It exits when the grader's end of its socket
+imported in it: what the child finds on ``sys.path`` is what its sandbox shows. Run as root it
+mounts in the namespaces it makes and the child drops to a real uid 65534; run as any other user
+the monitor also makes a user namespace that maps that user to uid 65534 inside, as bubblewrap's
+``--unshare-user --uid`` does. A server that cannot make the namespaces says so instead of
+``ready`` (``prefork.py`` then uses bubblewrap). It exits when the grader's end of its socket
 closes; every monitor dies with it, and every sandbox with its monitor.
 
 Protocol, over a ``SOCK_SEQPACKET`` socket: the server sends ``ready`` once its imports are done;
@@ -52,10 +54,13 @@ import traceback
 import types
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
-CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x20000000, 0x40000000
+CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
-ST_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC}
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 0x20, 0x400, 0x800, 0x1000, 0x4000
+MS_PRIVATE, MS_RELATIME = 0x40000, 0x200000
+# A bind's flags that a remount keeps: in a user namespace the kernel refuses to drop any of them.
+ST_FLAGS = {os.ST_RDONLY: MS_RDONLY, os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+            os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 15, 24, 38
 # Process names (``ps``, /proc/PID/comm) of the server and of each sandbox's processes: all of
@@ -220,10 +225,12 @@ def _drop_privileges(uid: int) -> None:
         last = int(f.read())
     for cap in range(last + 1):
         _prctl(PR_CAPBSET_DROP, cap)
-    os.setgroups([])
+    if os.geteuid() == 0:
+        os.setgroups([])  # in an unprivileged grader's user namespace setgroups is denied, no group mapped
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-    # Leaving uid 0 empties the permitted and effective sets, not the inheritable one.
+    # Leaving uid 0 empties the permitted and effective sets, not the inheritable one; in a user
+    # namespace the uid was never 0 and only this empties them.
     data = (_CapData * 2)()
     _check(libc.capset(ctypes.byref(_CapHeader(CAP_VERSION_3, 0)), data), "capset")
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -240,6 +247,27 @@ def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+def _namespace_flags(network: bool) -> int:
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+    if not network:
+        flags |= CLONE_NEWNET
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER  # the rights to mount come from a user namespace of its own
+    return flags
+
+
+def _enter_namespaces(spec: dict) -> None:
+    """Run as root, the sandbox's uid is a real one; otherwise the user namespace maps the grader's
+    own uid and gid to it, as bubblewrap's --unshare-user --uid does."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(_namespace_flags(spec["network"]))
+    if uid != 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{spec['uid']} {uid} 1"),
+                           ("gid_map", f"{spec['uid']} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+
+
 def _monitor(spec: dict, reply: socket.socket, out: int) -> None:
     """Outside the sandbox: bubblewrap's own process. Reports the pid, then the end."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's auto-reaping must not take the init
@@ -253,8 +281,7 @@ def _monitor(spec: dict, reply: socket.socket, out: int) -> None:
                 f.write(str(os.getpid()))
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(value))
-        _unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-                 | (0 if spec["network"] else CLONE_NEWNET))
+        _enter_namespaces(spec)
         init = os.fork()
     except (OSError, SetupError) as exc:
         reply.send(json.dumps({"exit": EXIT_SETUP}).encode())
@@ -402,8 +429,24 @@ def main(argv: list[str]) -> None:
 
     gc.collect()
     gc.freeze()  # what the imports made stays put: the forks share those pages instead of copying them
-    control.send(b"ready")
-    serve(control)
+    problem = _probe()
+    control.send(b"ready" if problem is None else f"unable: {problem}".encode())
+    if problem is None:
+        serve(control)
+
+
+def _probe() -> str | None:
+    """Whether a fork here can make the namespaces a sandbox needs; why not, if not."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _unshare(_namespace_flags(network=False))
+            os._exit(0)
+        except SetupError as exc:
+            os.write(2, f"{exc}\n".encode())
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return None if status == 0 else "cannot create namespaces here (unshare refused)"
 
 
 if __name__ == "__main__":
