@@ -7,12 +7,17 @@ sandboxed items), then appends one row per lab, with hardware columns, to
 
 - ``setup_s``: what a lab costs once per course and machine, made before the timed run: its
   scratch course (``jobs.prepare_scratch``, kept between batches) and, for a lab that builds C++,
-  the precompiled torch/extension.h (``fastdl_lab.custom.pch``). Rows before this column existed
-  counted the scratch course in ``submission_s`` and had no precompiled header;
+  the precompiled torch/extension.h (``fastdl_lab.custom.pch``), and the fork servers the item
+  children are forked from (``autograder/engine/prefork.py``), once per grading process. Rows
+  before this column existed counted the scratch course in ``submission_s`` and had no
+  precompiled header;
 - ``submission_s``: the ``autograde`` of one submission after that;
 - ``nbgrader_s``, ``engine_s``: the two parts of the submission as its record times them. They
   overlap (nbgrader runs in one of the engine's item slots) in rows with ``setup_s``; before,
-  ``engine_s`` was ``submission_s - nbgrader_s``.
+  ``engine_s`` was ``submission_s - nbgrader_s``;
+- ``children``: ``forked`` when the item children were forked from a fork server, ``cold`` when
+  each started a fresh interpreter through bubblewrap (``FASTDL_PREFORK=0``, a GPU profile, a
+  grader that is not root; rows before this column existed are all cold).
 
 ``--beside`` compares, on the same machine and course, nbgrader's run beside the engine's items
 (as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
@@ -29,7 +34,8 @@ from pathlib import Path
 
 from autograder import jobs, pipeline, profiles
 from autograder.course import Course, build
-from autograder.engine.grade import grade_submission
+from autograder.engine import prefork
+from autograder.engine.grade import grade_submission, start_fork_servers
 from autograder.engine.items import all_labs
 from autograder.submissions import make_submission, reference_solutions
 from fastdl_lab import measure
@@ -56,12 +62,15 @@ def main(argv=None) -> None:
         jobs.prepare_scratch(course, lab, course.root / ".setup")
         if any(item.torch_headers for item in all_labs()[lab].items):
             pch.ensure(sources.OPTIMISE)
+        start_fork_servers(all_labs()[lab], profile)
         setup_s = time.monotonic() - started
+        forked_before = prefork.forked_total
         seconds, record, summary = _grade(course, lab, profile)
         rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
                      "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
                      "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
-                     "setup_s": round(setup_s, 2)})
+                     "setup_s": round(setup_s, 2),
+                     "children": "forked" if prefork.forked_total > forked_before else "cold"})
         print(rows[-1])
     if not args.dry_run:
         print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
