@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autograder import notebook, records, workfolder
 from autograder.course import Course, tool_env, write_config
-from autograder.engine import bwrap, kernel_jail
+from autograder.engine import bwrap, kernel_jail, prefork
 from autograder.engine.grade import grade_submission, student_seed
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import Limits, run_sandboxed
@@ -97,6 +97,15 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
     if not isolated:
         env[kernel_jail.UNSAFE_VAR] = "1"
     return env
+
+
+def start_kernel_server(student_package: Path, profile: dict) -> None:
+    """Start now, not at the first submission's notebook, the fork server nbgrader's kernels of
+    this grading process are forked from (``prefork.kernel_relay``)."""
+    gpu = bool(profile.get("gpu"))
+    if prefork.kernel_relay():
+        env = kernel_jail._kernel_env(gpu, nbgrader_env(student_package, profile, isolated=True))
+        prefork.server_for(env, gpu=gpu, preload=prefork.KERNEL_PRELOAD)
 
 
 def _write_scratch_config(root: Path) -> None:
@@ -204,6 +213,9 @@ def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> Non
     env = nbgrader_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
     if spec.isolated:  # an unisolated kernel shares this machine's /tmp, where inductor keeps it
         env.update(kernel_jail.headers_for_kernels(bool(spec.profile.get("gpu"))))
+        relay = prefork.kernel_relay()
+        if relay and not spec.profile.get("gpu"):
+            env[prefork.KERNEL_RELAY_VAR] = relay
     result.nbgrader = _nbgrader_autograde(root, spec, env)
     executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"
     result.nbgrader["outputs_cut"] = notebook.cap_outputs(executed)

@@ -17,6 +17,7 @@ from nbgrader.api import Gradebook
 
 from autograder import pipeline, strip
 from autograder.course import lab_sources
+from autograder.engine import prefork
 from autograder.engine.grade import grade_submission
 from autograder.engine.items import all_labs, load_lab
 from autograder.engine.sandbox import descendants
@@ -257,8 +258,9 @@ def test_a_deadlocked_rank_loses_its_item_and_leaves_nothing(course, cpu):
     assert ring.status == "error" and ring.score == 0, ring
     assert "rank" in ring.reason
     assert results["zero1"].status == "passed"
-    # Nothing of the world survives: no process below this test runs the child entry point.
-    leftovers = []
+    # Nothing of the world survives: no process below this test runs the child entry point, and
+    # no sandbox forked by this process's fork servers (a monitor, and all below it) is left.
+    leftovers = [pid for server in prefork.server_pids() for pid in descendants(server)[1:]]
     for pid in descendants(os.getpid())[1:]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -291,14 +291,13 @@ HUNT = ("import gc, sys, types\n"
 
 @pytest.mark.parametrize("preload, found", [(prefork.PRELOAD, False), (("fastdl_lab.measure",), True)],
                          ids=["the grader's server", "a server that imported the package"])
-def test_the_warm_interpreter_holds_no_reference_a_child_could_copy(tmp_path, monkeypatch, preload, found):
+def test_the_warm_interpreter_holds_no_reference_a_child_could_copy(tmp_path, preload, found):
     # What tests/adversarial/00_measure-hunts-the-warm-interpreter.py searches for. The second case
     # shows the search finds a reference where one is held: a server that had imported the full
     # package (importable here, from this checkout) would hand it to every child.
     if not prefork.enabled():
         pytest.skip("the fork server is used only where the grader runs as root")
-    monkeypatch.setattr(prefork, "PRELOAD", preload)
-    server = prefork.ForkServer(ENV)
+    server = prefork.ForkServer(ENV, preload)
     try:
         work = _sandbox_folder(tmp_path / "job")
         result = run_sandboxed([sys.executable, "-c", HUNT], limits=LIMITS, cwd=str(work), env=ENV,

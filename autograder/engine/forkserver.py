@@ -25,8 +25,9 @@ the monitor also makes a user namespace that maps that user to uid 65534 inside,
 closes; every monitor dies with it, and every sandbox with its monitor.
 
 Protocol, over a ``SOCK_SEQPACKET`` socket: the server sends ``ready`` once its imports are done;
-each request is one JSON message carrying two descriptors (the reply socket and the write end of
-the child's output pipe). On the reply socket the monitor sends ``{"pid": N}`` once it runs and
+each request is one JSON message carrying two descriptors (the reply socket and where the child's
+output goes), or three: the last one a network namespace to join instead of making one. The
+sandbox ends when the requester closes its end of the reply socket. On the reply socket the monitor sends ``{"pid": N}`` once it runs and
 ``{"exit": CODE}`` when the sandbox has ended (128 + N for a child killed by signal N).
 """
 
@@ -46,6 +47,7 @@ import random
 import re
 import resource
 import runpy
+import select
 import signal
 import socket
 import struct
@@ -64,8 +66,10 @@ ST_FLAGS = {os.ST_RDONLY: MS_RDONLY, os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NO
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 15, 24, 38
 # Process names (``ps``, /proc/PID/comm) of the server and of each sandbox's processes: all of
-# them run the same command line.
-NAMES = {"server": "fastdl-forksrv", "monitor": "fastdl-monitor", "init": "fastdl-init", "child": "fastdl-child"}
+# them run the same command line. A monitor is named after what its sandbox runs (the request's
+# "label": an item, a kernel).
+NAMES = {"server": "fastdl-forksrv", "init": "fastdl-init", "child": "fastdl-child"}
+MONITOR_NAME = "fastdl-{label}"
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 CAP_VERSION_3 = 0x20080522
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -105,8 +109,8 @@ def _prctl(option: int, arg: int) -> None:
     _check(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
 
 
-def _name(role: str) -> None:
-    libc.prctl(PR_SET_NAME, ctypes.c_char_p(NAMES[role].encode()), 0, 0, 0)
+def _name(name: str) -> None:
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 # ---- the filesystem -------------------------------------------------------------------------
@@ -268,10 +272,34 @@ def _enter_namespaces(spec: dict) -> None:
                 f.write(text)
 
 
-def _monitor(spec: dict, reply: socket.socket, out: int) -> None:
+def _join_network(netns: int | None) -> None:
+    """Into the network namespace of the requester (nbgrader's, for a kernel it talks to over
+    loopback), when that is not already this one."""
+    if netns is not None and os.fstat(netns).st_ino != os.stat("/proc/self/ns/net").st_ino:
+        _check(libc.setns(netns, CLONE_NEWNET), "setns into the requester's network")
+
+
+def _wait_or_end(init: int, reply: socket.socket) -> int:
+    """The init's exit status; if the requester's end of ``reply`` closes first (the grader, or a
+    kernel's launcher, is gone), the sandbox goes with it, as bubblewrap's --die-with-parent."""
+    watch = os.pidfd_open(init)
+    while True:
+        ready, _, _ = select.select([watch, reply], [], [])
+        if watch in ready:
+            return os.waitpid(init, 0)[1]
+        try:
+            gone = reply.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            gone = True
+        if gone:
+            os.kill(init, signal.SIGKILL)  # pid 1 of the sandbox: every process in it ends
+            return os.waitpid(init, 0)[1]
+
+
+def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> None:
     """Outside the sandbox: bubblewrap's own process. Reports the pid, then the end."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's auto-reaping must not take the init
-    _name("monitor")
+    _name(MONITOR_NAME.format(label=spec.get("label", "sandbox")))
     reply.send(json.dumps({"pid": os.getpid()}).encode())
     try:
         os.setsid()
@@ -281,6 +309,7 @@ def _monitor(spec: dict, reply: socket.socket, out: int) -> None:
                 f.write(str(os.getpid()))
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(value))
+        _join_network(netns)
         _enter_namespaces(spec)
         init = os.fork()
     except (OSError, SetupError) as exc:
@@ -290,14 +319,17 @@ def _monitor(spec: dict, reply: socket.socket, out: int) -> None:
         reply.close()
         _init(spec, out)
     os.close(out)
-    _, status = os.waitpid(init, 0)
-    reply.send(json.dumps({"exit": _status_code(status)}).encode())
+    status = _wait_or_end(init, reply)
+    try:
+        reply.send(json.dumps({"exit": _status_code(status)}).encode())
+    except OSError:
+        pass  # nobody is left to tell
     os._exit(0)
 
 
 def _init(spec: dict, out: int) -> None:
     """Pid 1 of the sandbox: builds its filesystem, starts the child, reaps orphans."""
-    _name("init")
+    _name(NAMES["init"])
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _build_root(spec["plan"], spec["chdir"])
@@ -333,7 +365,7 @@ def _standard_streams() -> None:
 
 def _child(spec: dict, out: int) -> None:
     """The process that runs the code, once nothing but the sandbox is left to it."""
-    _name("child")
+    _name(NAMES["child"])
     try:
         os.setsid()
         _drop_privileges(spec["uid"])
@@ -397,32 +429,34 @@ def serve(control: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 2)
+            message, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 3)
         except (ConnectionError, OSError):
             return
         if not message:
             return
-        if len(fds) != 2:
+        if len(fds) not in (2, 3):
             for fd in fds:
                 os.close(fd)
             continue
         spec = json.loads(message)
-        reply, out = socket.socket(fileno=fds[0]), fds[1]
+        reply, out, netns = socket.socket(fileno=fds[0]), fds[1], (fds[2] if len(fds) == 3 else None)
         if os.fork() == 0:
             control.close()
             try:
-                _monitor(spec, reply, out)
+                _monitor(spec, reply, out, netns)
             except BaseException as exc:  # noqa: BLE001 - a bug here must not return into the server's loop
                 _fail(out, "monitor", exc)
             finally:
                 os._exit(EXIT_SETUP)
         reply.close()
         os.close(out)
+        if netns is not None:
+            os.close(netns)
 
 
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
-    _name("server")
+    _name(NAMES["server"])
     for name in argv[1:]:
         importlib.import_module(name)
     import gc

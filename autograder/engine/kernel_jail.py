@@ -3,7 +3,9 @@
 ``nbgrader autograde`` runs the student's whole notebook in a kernel: the kernel is student code.
 The course's nbgrader config names ``JailedKernelManager``, whose command is this module: it
 copies the connection file into a fresh work directory owned by the sandboxed uid and starts
-``ipykernel`` through ``bwrap.command`` with only the student copy of the package on its path.
+``ipykernel`` with only the student copy of the package on its path: forked warm by the grading
+process's kernel server where the pipeline gave nbgrader one (``prefork.kernel_relay``), under
+this process's limits and in its jail, else through ``bwrap.command``; the sandbox is the same.
 The kernel shares nbgrader's network namespace (nbgrader talks to it over loopback; the pipeline
 runs nbgrader itself in a private one) and sees nothing else of the machine.
 
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 
-from autograder.engine import bwrap, inductor_headers
+from autograder.engine import bwrap, inductor_headers, prefork
+from autograder.engine.jail import Jail
 
 # Set by the pipeline for the nbgrader process; the kernel manager passes them on.
 STUDENT_PACKAGE_VAR = "FASTDL_STUDENT_PACKAGE"
@@ -53,29 +56,48 @@ def headers_for_kernels(gpu: bool) -> dict[str, str]:
     return {inductor_headers.FOLDER_VAR: str(folder)} if folder else {}
 
 
-def _kernel_env(gpu: bool) -> dict[str, str]:
+def _kernel_env(gpu: bool, nbgrader_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The kernel's environment, made from nbgrader's (this process's, unless given)."""
     job = bwrap.JOB
-    passed_on = {QUICK_VAR: os.environ[QUICK_VAR]} if QUICK_VAR in os.environ else {}
-    return bwrap.environment(gpu=gpu, PYTHONPATH=bwrap.STUDENT_DIR, MPLBACKEND=os.environ.get("MPLBACKEND", "Agg"),
+    outer = os.environ if nbgrader_env is None else nbgrader_env
+    passed_on = {QUICK_VAR: outer[QUICK_VAR]} if QUICK_VAR in outer else {}
+    return bwrap.environment(gpu=gpu, PYTHONPATH=bwrap.STUDENT_DIR, MPLBACKEND=outer.get("MPLBACKEND", "Agg"),
                              IPYTHONDIR=f"{job}/.ipython", JUPYTER_RUNTIME_DIR=f"{job}/.jupyter",
-                             MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
+                             MPLCONFIGDIR=f"{job}/.matplotlib", OMP_NUM_THREADS=outer.get("OMP_NUM_THREADS", "2"),
                              **INDUCTOR_TRUSTS_CPU_FLAGS, **passed_on)
 
 
-def _forward(proc: subprocess.Popen):
-    """Interrupts reach the kernel, which sits below bubblewrap in a session of its own."""
-    from autograder.engine.sandbox import descendants
+def _forward(proc):
+    """Interrupts reach the kernel, which sits below the sandbox's monitor and init (bubblewrap's
+    two processes, or a forked sandbox's) in a session of its own."""
+    from autograder.engine.sandbox import _process_table, descendants
 
     def handler(signum, _frame):
+        init = {pid for pid, parent, _ in _process_table() if parent == proc.pid}
         for pid in descendants(proc.pid):
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() == "bwrap":
-                        continue
-                os.kill(pid, signum)
-            except OSError:
-                pass
+            if pid != proc.pid and pid not in init:
+                try:
+                    os.kill(pid, signum)
+                except OSError:
+                    pass
     return handler
+
+
+def _warm_kernel(argv: list[str], view: bwrap.View, env: dict[str, str]):
+    """A kernel forked by the grading process's warm server (``prefork.kernel_relay``), under
+    this process's limits and in its jail, or None: the kernel then starts through bubblewrap."""
+    relay = os.environ.get(prefork.KERNEL_RELAY_VAR)
+    if not relay or view.gpu:
+        return None
+    import resource
+
+    rlimits = {name: resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_CORE")}
+    jail = Jail.of_this_process()
+    try:
+        return prefork.request_kernel(relay, argv, view=view, env=env, rlimits=rlimits,
+                                      jail=str(jail.path) if jail else None)
+    except prefork.Unavailable:
+        return None
 
 
 def main(connection_file: str) -> int:
@@ -101,7 +123,8 @@ def main(connection_file: str) -> int:
             view.scratch[os.path.join(work, "inductor-headers")] = inside
             view.read_only.update(files)
         argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
-        proc = subprocess.Popen(bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
+        proc = _warm_kernel(argv, view, _kernel_env(gpu)) or subprocess.Popen(
+            bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))
         signal.signal(signal.SIGTERM, lambda *_: proc.kill())
         return proc.wait()

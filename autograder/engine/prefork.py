@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -28,11 +30,20 @@ SCRIPT = str(Path(__file__).with_name("forkserver.py"))
 # What every grading child imports before any of the course: torch (about 2 s on a 2-core
 # machine), and what building an optimizer or a Triton kernel pulls in (torch._dynamo, about 1 s).
 PRELOAD = ("torch", "numpy", "triton", "torch._dynamo")
+# What nbgrader's kernel imports before the notebook's first cell has run, and what every lab's
+# first cells import (matplotlib's pyplot is left to the kernel: it picks its backend on import).
+KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp", "matplotlib")
+# Set for nbgrader's run: the socket its kernel launcher (kernel_jail.py) asks for a warm kernel on.
+KERNEL_RELAY_VAR = "FASTDL_KERNEL_RELAY"
 START_S = 120
 REPLY_BYTES = 4096
+# How long a monitor that has reported its sandbox's end may take to exit.
+GONE_S = 5
 ENV_SWITCH = "FASTDL_PREFORK"
-# Children forked by this process's servers so far (the grading benchmark says which way it ran).
+# Children forked by this process's servers so far, and kernels forked for nbgrader's runs (the
+# grading benchmark says which way it ran).
 forked_total = 0
+kernels_total = 0
 
 
 class Unavailable(RuntimeError):
@@ -50,6 +61,10 @@ class Forked:
     def __init__(self, pid: int, reply: socket.socket, stdout):
         self.pid, self.stdout, self.returncode = pid, stdout, None
         self._reply = reply
+        try:
+            self._gone = os.pidfd_open(pid)  # the monitor's end, which follows everything in its sandbox
+        except OSError:
+            self._gone = None  # already ended
 
     def _receive(self, block: bool) -> None:
         self._reply.setblocking(block)
@@ -62,6 +77,9 @@ class Forked:
         # A monitor that ends without a word was killed (the watchdog kills with SIGKILL).
         self.returncode = json.loads(message)["exit"] if message else 128 + 9
         self._reply.close()
+        if self._gone is not None:  # ended means no process of the sandbox is left
+            select.select([self._gone], [], [], GONE_S)
+            os.close(self._gone)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -73,6 +91,13 @@ class Forked:
             self._receive(block=True)
         return self.returncode
 
+    def kill(self) -> None:
+        """Ends the sandbox: its init dies with the monitor, and every process in it with the init."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
 
 def python_target(argv: list[str]) -> dict:
     """What ``python -c CODE ARGS`` or ``python -m MODULE ARGS`` runs, as the server's request."""
@@ -83,15 +108,40 @@ def python_target(argv: list[str]) -> dict:
     raise ValueError(f"the fork server runs python -c or python -m, not {argv[:3]}")
 
 
+def _spec(argv: list[str], view: bwrap.View, env: dict[str, str], rlimits: dict, jail: str | None,
+          label: str) -> dict:
+    return {"plan": bwrap.plan(view), "chdir": bwrap.JOB, "hostname": bwrap.HOSTNAME, "network": view.network,
+            "uid": bwrap.NOBODY, "rlimits": rlimits, "jail": jail, "env": env, "run": python_target(argv),
+            "label": label}
+
+
+def _started(ours: socket.socket, stdout) -> Forked:
+    """The child once its monitor has said its pid on ``ours``; Unavailable if nobody does."""
+    ours.settimeout(START_S)
+    try:
+        started = ours.recv(REPLY_BYTES)
+    except OSError:
+        started = b""
+    if not started:
+        ours.close()
+        if stdout is not None:
+            stdout.close()
+        raise Unavailable("the fork server stopped answering")
+    ours.settimeout(None)
+    global forked_total
+    forked_total += 1
+    return Forked(json.loads(started)["pid"], ours, stdout)
+
+
 class ForkServer:
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.Lock()
         # A file, not a pipe nobody reads while the server runs: a warning it prints cannot block it.
         errors = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
-                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), *PRELOAD], env=env, cwd="/",
+                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), *preload], env=env, cwd="/",
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=errors, start_new_session=True)
         finally:
@@ -109,39 +159,37 @@ class ForkServer:
                 errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no answer"])[0]
             raise Unavailable(f"the fork server did not start: {detail[:300]}")
         errors.close()
+        _live[self._proc.pid] = self
 
     def spawn(self, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
               jail: str | None) -> Forked:
-        spec = {"plan": bwrap.plan(view), "chdir": bwrap.JOB, "hostname": bwrap.HOSTNAME,
-                "network": view.network, "uid": bwrap.NOBODY, "rlimits": rlimits, "jail": jail,
-                "env": env, "run": python_target(argv)}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         read_end, write_end = os.pipe()
         try:
-            with self._lock:
-                socket.send_fds(self._control, [json.dumps(spec).encode()], [theirs.fileno(), write_end])
-            ours.settimeout(START_S)
-            started = ours.recv(REPLY_BYTES)
-        except OSError as exc:
+            self.forward(json.dumps(_spec(argv, view, env, rlimits, jail, "item")).encode(),
+                         [theirs.fileno(), write_end])
+        except Unavailable:
             ours.close()
             os.close(read_end)
-            raise Unavailable(f"the fork server stopped answering: {exc}") from None
+            raise
         finally:
             theirs.close()
             os.close(write_end)
-        if not started:
-            ours.close()
-            os.close(read_end)
-            raise Unavailable("the fork server stopped answering")
-        ours.settimeout(None)
-        global forked_total
-        forked_total += 1
-        return Forked(json.loads(started)["pid"], ours, open(read_end, "rb"))
+        return _started(ours, open(read_end, "rb"))
+
+    def forward(self, request: bytes, fds: list[int]) -> None:
+        """Hands the server one request and its descriptors (it keeps copies)."""
+        try:
+            with self._lock:
+                socket.send_fds(self._control, [request], fds)
+        except OSError as exc:
+            raise Unavailable(f"the fork server stopped answering: {exc}") from None
 
     def alive(self) -> bool:
         return self._proc.poll() is None
 
     def close(self) -> None:
+        _live.pop(self._proc.pid, None)
         self._control.close()  # the server exits at end of input
         try:
             self._proc.wait(timeout=10)
@@ -151,12 +199,19 @@ class ForkServer:
 
 
 _servers: dict[tuple, ForkServer] = {}
+_live: dict[int, "ForkServer"] = {}  # every started server of this process, by pid
 _broken: set[tuple] = set()
 _owner = os.getpid()
 _guard = threading.Lock()
 
 
-def server_for(env: dict[str, str], *, gpu: bool) -> ForkServer | None:
+def server_pids() -> set[int]:
+    """This process's fork servers: their children are sandboxes' monitors, whose children are
+    the sandboxes' inits (a parentage no student process can take on)."""
+    return set(_live) if _owner == os.getpid() else set()
+
+
+def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRELOAD) -> ForkServer | None:
     """This process's fork server for children with environment ``env``, started on first use;
     None where children must start through bubblewrap instead. GPU profiles start cold: a fork
     from a process in which anything has initialised CUDA cannot use the GPU, and that the
@@ -164,10 +219,11 @@ def server_for(env: dict[str, str], *, gpu: bool) -> ForkServer | None:
     global _owner
     if gpu or not enabled():
         return None
-    key = tuple(sorted(env.items()))
+    key = (tuple(sorted(env.items())), preload)
     with _guard:
         if _owner != os.getpid():  # a forked grading worker never shares its parent's servers
             _servers.clear()
+            _live.clear()
             _owner = os.getpid()
         server = _servers.get(key)
         if server is not None and server.alive():
@@ -175,9 +231,83 @@ def server_for(env: dict[str, str], *, gpu: bool) -> ForkServer | None:
         if key in _broken:
             return None
         try:
-            server = _servers[key] = ForkServer(env)
+            server = _servers[key] = ForkServer(env, preload)
         except (OSError, Unavailable) as exc:
             _broken.add(key)
             print(f"fastdl: children start through bubblewrap ({exc})", file=sys.stderr)
             return None
         return server
+
+
+# ---- nbgrader's kernels ----------------------------------------------------------------------
+#
+# nbgrader's run is a process of its own, started fresh for every submission, and its kernel
+# launcher (kernel_jail.py) a child of it: a server started there would pay its imports every
+# time. So the grading process keeps the kernels' server too, and listens for the launcher's
+# requests on a socket in a folder only its own uid can enter (never shown in any sandbox). A
+# request is what ForkServer.spawn would send, with the launcher's reply socket, its standard
+# error and its network namespace (nbgrader talks to its kernel over loopback there).
+
+_relay: tuple[int, str] | None = None  # (the process that opened it, its path)
+
+
+def kernel_relay() -> str | None:
+    """The socket path nbgrader's kernel launcher asks for warm kernels on, opened on first use;
+    None where kernels start through bubblewrap."""
+    global _relay
+    if not enabled():
+        return None
+    with _guard:
+        if _relay is None or _relay[0] != os.getpid():
+            folder = tempfile.mkdtemp(prefix="fastdl-relay-")
+            path = os.path.join(folder, "kernels.sock")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            listener.bind(path)
+            listener.listen(8)
+            threading.Thread(target=_relay_loop, args=(listener,), daemon=True, name="fastdl-kernel-relay").start()
+            _relay = (os.getpid(), path)
+        return _relay[1]
+
+
+def _relay_loop(listener: socket.socket) -> None:
+    while True:
+        connection, _ = listener.accept()
+        with connection:
+            try:
+                request, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+            except OSError:
+                continue
+            try:
+                env = json.loads(request)["env"]
+                # Only a kernel without a GPU is forked (see server_for).
+                server = server_for(env, gpu=env.get("TRITON_INTERPRET") != "1", preload=KERNEL_PRELOAD)
+                if server is not None and len(fds) == 3:
+                    server.forward(request, fds)
+                    global kernels_total
+                    kernels_total += 1
+            except (ValueError, KeyError, TypeError, Unavailable):
+                pass  # the launcher sees its reply socket close, and starts the kernel cold
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def request_kernel(relay: str, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
+                   jail: str | None) -> Forked:
+    """For nbgrader's kernel launcher: a kernel forked warm by the grading process's server,
+    writing to this process's standard error, in this process's network namespace."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    netns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+            connection.settimeout(START_S)
+            connection.connect(relay)
+            socket.send_fds(connection, [json.dumps(_spec(argv, view, env, rlimits, jail, "kernel")).encode()],
+                            [theirs.fileno(), 2, netns])
+    except OSError as exc:
+        ours.close()
+        raise Unavailable(f"no kernel relay at {relay}: {exc}") from None
+    finally:
+        theirs.close()
+        os.close(netns)
+    return _started(ours, None)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from autograder.engine import bwrap
 from autograder.engine.forkserver import loopback_up
 from autograder.engine.jail import Jail
+from autograder.engine import prefork
 from autograder.engine.prefork import Forked, ForkServer, Unavailable
 
 CLONE_NEWNET = 0x40000000
@@ -104,8 +105,16 @@ def _process_table() -> list[tuple[int, int, int]]:
     return table
 
 
-def _children(parent: int) -> list[int]:
-    return [pid for pid, ppid, _ in _process_table() if ppid == parent]
+def _fork_helpers() -> set[int]:
+    """The monitors and inits of sandboxes forked by this process's fork servers (a kernel's
+    too): copies of the warm interpreter that run no student code, whose pages are counted once,
+    in the child they share them with. Known by parentage, which no student process can take on."""
+    servers = prefork.server_pids()
+    if not servers:
+        return set()
+    table = _process_table()
+    monitors = {pid for pid, parent, _ in table if parent in servers}
+    return monitors | {pid for pid, parent, _ in table if parent in monitors}
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -255,10 +264,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else 0)
         if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
-        # A forked sandbox's monitor and init are copies of the warm interpreter that run no
-        # student code: the pages they share with the child count once, in the child.
-        helpers = {sid, *_children(sid)} if forked else set()
-        resident = _resident_bytes([pid for pid in pids if pid not in helpers])
+        resident = _resident_bytes([pid for pid in pids if pid not in _fork_helpers()])
         if resident > limits.memory_bytes and not verdict:
             verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
         if verdict:

@@ -25,7 +25,7 @@ import pytest
 
 from autograder import jobs
 from autograder.course import copy_build
-from autograder.engine import forkserver
+from autograder.engine import forkserver, prefork
 from autograder.engine.sandbox import descendants
 from autograder.submissions import make_submission, reference_solutions
 
@@ -36,6 +36,8 @@ REPORT = "BESIDE-ATTACK "
 HOLD_S = 15
 # Where the engine makes its work folders (fastdl-<item>-*, fastdl-job-*), as this host names it.
 ENGINE_FOLDERS = os.path.join(tempfile.gettempdir(), "fastdl-*")
+# The process name of a forked item sandbox's monitor (nbgrader's kernel may be forked too).
+ITEM_MONITOR = forkserver.MONITOR_NAME.format(label="item")
 ATTACK = f'''
 
 import glob as _glob
@@ -84,7 +86,7 @@ def _watch_children(alive: list[float], folders: set[str], stop: threading.Event
             try:
                 # Started by bubblewrap, or forked by the fork server (which names its processes).
                 if (b"autograder.engine.child" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                        or Path(f"/proc/{pid}/comm").read_text().strip() == forkserver.NAMES["monitor"]):
+                        or Path(f"/proc/{pid}/comm").read_text().strip() == ITEM_MONITOR):
                     alive.append(time.time())
                     break
             except OSError:
@@ -129,8 +131,12 @@ def test_code_in_nbgrader_kernel_and_item_children_cannot_reach_each_other(cours
     [report] = _reports(result["autograded"])
     # nbgrader's kernel ran the attack while an engine child was alive...
     assert any(report["began"] <= t <= report["ended"] for t in alive), (report["began"], report["ended"], alive[-3:])
-    # ...and saw none of it, nor nbgrader itself: only its own sandbox.
+    # ...and saw none of it, nor nbgrader itself: only its own sandbox, its own pid namespace
+    # (a forked kernel and a forked item child run the same command line).
     commands = " | ".join(report["processes"].values())
-    assert not [word for word in ("autograder.engine.child", "forkserver", "nbgrader") if word in commands], commands
+    assert "autograder.engine.child" not in commands and "nbgrader" not in commands, commands
+    assert max(map(int, report["processes"])) < 64, report["processes"]
+    if prefork.enabled():  # the kernel was forked warm by this process's server, its pid 1 the init
+        assert "forkserver.py" in report["processes"].get("1", ""), report["processes"]
     # The folders it looked for were there, outside its sandbox.
     assert folders and report["folders"] == []
