@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -66,15 +67,16 @@ def _scores(course, students):
 
 def _kill_a_worker_holding_fresh_jobs(pids: dict, first_keys: list, dask_scheduler=None) -> list[str]:
     """Runs on the scheduler's event loop, so no job moves between the choice and the kill. Kills a
-    worker that holds jobs, once no job a worker death has already cost is still to run (one that
-    died twice would be lost, rightly, and a job sent to the victim just before its death counts as
-    on it); returns the keys it held, or nothing."""
-    if any(ts.suspicious for ts in dask_scheduler.tasks.values() if ts.state in ("queued", "no-worker", "processing")):
+    worker holding jobs none of which a worker death has already cost (one that died twice would
+    be lost, rightly), while no such job waits to be handed out: a result the victim sent just
+    before its death can still earn it one more job, which then counts as on it. Returns the keys
+    it held, or nothing."""
+    if any(ts.suspicious for ts in dask_scheduler.tasks.values() if ts.state in ("queued", "no-worker")):
         return []
     first = set(first_keys)
     for address, worker in dask_scheduler.workers.items():
         keys = [ts.key for ts in worker.processing]
-        if keys and address in pids and set(keys) <= first:
+        if keys and address in pids and set(keys) <= first and not any(ts.suspicious for ts in worker.processing):
             os.kill(pids[address], signal.SIGKILL)
             return keys
     return []
@@ -96,9 +98,29 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     first_keys = [batch._job_key(LAB, s) for s in students]
     kills: list[int] = []  # how many results were in when each kill came
     cancelled: list[str] = []  # the key of a job the scheduler was made to cancel
+    results = [0]
+    stop = threading.Event()
     try:
         with Client(cluster, set_as_default=False) as spy:
-            def kill_a_busy_worker(done, total, record):
+            def kill_when_a_worker_qualifies():
+                # The first kill after 6 results, the second after 14 or as soon as a worker
+                # qualifies: tried every 0.1 s, not only as results come (a worker may qualify while
+                # the only jobs running are ones that take their whole time limit).
+                while not stop.wait(0.1) and len(kills) < 2:
+                    done = results[0]
+                    if done < (6, 14)[len(kills)]:
+                        continue
+                    try:
+                        pids = spy.run(os.getpid, on_error="ignore")
+                        keys = spy.run_on_scheduler(_kill_a_worker_holding_fresh_jobs, pids, first_keys)
+                    except Exception:  # noqa: BLE001 - a worker that died meanwhile: try again
+                        continue
+                    if keys:
+                        killed.extend(keys)
+                        kills.append(done)
+
+            def count_and_cancel(done, total, record):
+                results[0] = done
                 # After 10 results the scheduler cancels a job still to come, as it does every job of
                 # a client it dropped: the job must be given again, not recorded as lost.
                 if done >= 10 and not cancelled:
@@ -107,17 +129,15 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
                     if waiting:
                         cancelled.append(waiting[-1])
                         spy.cancel([Future(waiting[-1], spy)], force=True, reason="dropped client")
-                # The first kill after 6 results, the second after 14 or as soon as a worker qualifies.
-                if len(kills) >= 2 or done < (6, 14)[len(kills)]:
-                    return
-                pids = spy.run(os.getpid, on_error="ignore")
-                keys = spy.run_on_scheduler(_kill_a_worker_holding_fresh_jobs, pids, first_keys)
-                if keys:
-                    killed.extend(keys)
-                    kills.append(done)
 
-            summary = batch.grade(course, jobs, profile=_cpu(cpu), seed=SEED, scheduler=cluster.scheduler_address,
-                                  execute=False, only=[ITEM], progress=kill_a_busy_worker)
+            killer = threading.Thread(target=kill_when_a_worker_qualifies, daemon=True)
+            killer.start()
+            try:
+                summary = batch.grade(course, jobs, profile=_cpu(cpu), seed=SEED, scheduler=cluster.scheduler_address,
+                                      execute=False, only=[ITEM], progress=count_and_cancel)
+            finally:
+                stop.set()
+                killer.join()
     finally:
         cluster.close()
 
