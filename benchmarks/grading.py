@@ -15,9 +15,10 @@ sandboxed items), then appends one row per lab, with hardware columns, to
 - ``nbgrader_s``, ``engine_s``: the two parts of the submission as its record times them. They
   overlap (nbgrader runs in one of the engine's item slots) in rows with ``setup_s``; before,
   ``engine_s`` was ``submission_s - nbgrader_s``;
-- ``children``: ``forked`` when the item children were forked from a fork server, ``cold`` when
-  each started a fresh interpreter through bubblewrap (``FASTDL_PREFORK=0``, a GPU profile, a
-  grader that is not root; rows before this column existed are all cold).
+- ``children``: ``forked`` when the item children and nbgrader's kernel were forked from fork
+  servers, ``forked items`` when only the item children were (rows of 2026-11-25 before the
+  kernel was), ``cold`` when each started a fresh interpreter through bubblewrap
+  (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold).
 
 ``--beside`` compares, on the same machine and course, nbgrader's run beside the engine's items
 (as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
@@ -63,17 +64,22 @@ def main(argv=None) -> None:
         if any(item.torch_headers for item in all_labs()[lab].items):
             pch.ensure(sources.OPTIMISE)
         start_fork_servers(all_labs()[lab], profile)
+        jobs.start_kernel_server(course.student_package, profile)
         setup_s = time.monotonic() - started
-        forked_before = prefork.forked_total
+        forked_before, kernels_before = prefork.forked_total, prefork.kernels_total
         seconds, record, summary = _grade(course, lab, profile)
         rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
                      "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
                      "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
                      "setup_s": round(setup_s, 2),
-                     "children": "forked" if prefork.forked_total > forked_before else "cold"})
+                     "children": _children(prefork.forked_total > forked_before, prefork.kernels_total > kernels_before)})
         print(rows[-1])
     if not args.dry_run:
         print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
+
+
+def _children(items: bool, kernel: bool) -> str:
+    return "forked" if items and kernel else "forked items" if items else "cold"
 
 
 def _references(labs: list[str]):
