@@ -102,10 +102,9 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
 def start_kernel_server(student_package: Path, profile: dict) -> None:
     """Start now, not at the first submission's notebook, the fork server nbgrader's kernels of
     this grading process are forked from (``prefork.kernel_relay``)."""
-    gpu = bool(profile.get("gpu"))
-    if prefork.kernel_relay():
-        env = kernel_jail._kernel_env(gpu, nbgrader_env(student_package, profile, isolated=True))
-        prefork.server_for(env, gpu=gpu, preload=prefork.KERNEL_PRELOAD)
+    if not profile.get("gpu") and prefork.kernel_relay():
+        env = kernel_jail.kernel_env(False, nbgrader_env(student_package, profile, isolated=True))
+        prefork.server_for(env, gpu=False, preload=prefork.KERNEL_PRELOAD)
 
 
 def _write_scratch_config(root: Path) -> None:
@@ -213,8 +212,8 @@ def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> Non
     env = nbgrader_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
     if spec.isolated:  # an unisolated kernel shares this machine's /tmp, where inductor keeps it
         env.update(kernel_jail.headers_for_kernels(bool(spec.profile.get("gpu"))))
-        relay = prefork.kernel_relay()
-        if relay and not spec.profile.get("gpu"):
+        relay = None if spec.profile.get("gpu") else prefork.kernel_relay()
+        if relay:
             env[prefork.KERNEL_RELAY_VAR] = relay
     result.nbgrader = _nbgrader_autograde(root, spec, env)
     executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"

@@ -16,7 +16,7 @@ LIMITS = Limits(wall_s=300, cpu_s=300, memory_bytes=4 << 30, max_processes=32, o
 @pytest.fixture(scope="module")
 def headers():
     bwrap.check()
-    folder = inductor_headers.ensure(kernel_jail._kernel_env(False))
+    folder = inductor_headers.ensure(kernel_jail.kernel_env(False))
     assert folder is not None
     return folder
 
@@ -52,13 +52,13 @@ def _kernel(tmp_path: Path, headers: Path, name: str):
     inside, files = inductor_headers.view(headers, mine)
     assert inside.startswith("/tmp/") and files
     bwrap.prepare_workdir(str(work))
-    env = kernel_jail._kernel_env(False)
+    env = kernel_jail.kernel_env(False)
     view = bwrap.View(str(work), read_only=files, scratch={str(mine): inside})
     return run_sandboxed([bwrap.PYTHON, "-c", KERNEL, inside], limits=LIMITS, cwd=str(work), env=env, view=view)
 
 
 def test_made_once_and_read_only(headers):
-    assert inductor_headers.ensure(kernel_jail._kernel_env(False)) == headers
+    assert inductor_headers.ensure(kernel_jail.kernel_env(False)) == headers
     gch = [p for p in headers.iterdir() if p.name.endswith(".gch")]
     assert gch and all(p.stat().st_mode & 0o222 == 0 for p in gch)
     if os.geteuid() == 0:

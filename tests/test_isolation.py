@@ -205,7 +205,7 @@ def test_quick_mode_reaches_nbgrader_and_its_kernel_and_nothing_else_does(tmp_pa
     assert jobs.nbgrader_env(course.student_package, profile, isolated=True)[device.QUICK_VAR] == "0"
     # The kernel launcher runs in nbgrader's environment and passes on only what the kernel needs.
     monkeypatch.setenv("FASTDL_GRADER_SECRET", "not for the kernel")
-    kernel = kernel_jail._kernel_env(gpu=False)
+    kernel = kernel_jail.kernel_env(gpu=False)
     assert kernel[device.QUICK_VAR] == "0"
     assert "FASTDL_GRADER_SECRET" not in kernel
 

@@ -26,9 +26,10 @@ closes; every monitor dies with it, and every sandbox with its monitor.
 
 Protocol, over a ``SOCK_SEQPACKET`` socket: the server sends ``ready`` once its imports are done;
 each request is one JSON message carrying two descriptors (the reply socket and where the child's
-output goes), or three: the last one a network namespace to join instead of making one. The
-sandbox ends when the requester closes its end of the reply socket. On the reply socket the monitor sends ``{"pid": N}`` once it runs and
-``{"exit": CODE}`` when the sandbox has ended (128 + N for a child killed by signal N).
+output goes), or three: the last one a network namespace to join instead of making one. On the
+reply socket the monitor sends ``{"pid": N}`` once it runs and ``{"exit": CODE}`` when the sandbox
+has ended (128 + N for a child killed by signal N); the sandbox ends when the requester closes
+its end of that socket.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import fcntl
+import gc
 import importlib
 import io
 import json
@@ -54,6 +56,7 @@ import struct
 import sys
 import traceback
 import types
+from typing import NoReturn
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
 CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
@@ -242,7 +245,7 @@ def _drop_privileges(uid: int) -> None:
 
 # ---- the three processes --------------------------------------------------------------------
 
-def _fail(out: int, step: str, exc: BaseException) -> None:
+def _fail(out: int, step: str, exc: BaseException) -> NoReturn:
     os.write(out, f"sandbox setup failed ({step}): {exc}\n".encode(errors="replace"))
     os._exit(EXIT_SETUP)
 
@@ -459,8 +462,6 @@ def main(argv: list[str]) -> None:
     _name(NAMES["server"])
     for name in argv[1:]:
         importlib.import_module(name)
-    import gc
-
     gc.collect()
     gc.freeze()  # what the imports made stays put: the forks share those pages instead of copying them
     problem = _probe()

@@ -52,11 +52,11 @@ class JailedKernelManager(AsyncKernelManager):
 def headers_for_kernels(gpu: bool) -> dict[str, str]:
     """What nbgrader's environment needs for its kernels to find inductor's precompiled header
     (``inductor_headers``), made here on this machine's first call: {} where it cannot be made."""
-    folder = inductor_headers.ensure(_kernel_env(gpu), gpu)
+    folder = inductor_headers.ensure(kernel_env(gpu), gpu)
     return {inductor_headers.FOLDER_VAR: str(folder)} if folder else {}
 
 
-def _kernel_env(gpu: bool, nbgrader_env: dict[str, str] | None = None) -> dict[str, str]:
+def kernel_env(gpu: bool, nbgrader_env: dict[str, str] | None = None) -> dict[str, str]:
     """The kernel's environment, made from nbgrader's (this process's, unless given)."""
     job = bwrap.JOB
     outer = os.environ if nbgrader_env is None else nbgrader_env
@@ -70,12 +70,12 @@ def _kernel_env(gpu: bool, nbgrader_env: dict[str, str] | None = None) -> dict[s
 def _forward(proc):
     """Interrupts reach the kernel, which sits below the sandbox's monitor and init (bubblewrap's
     two processes, or a forked sandbox's) in a session of its own."""
-    from autograder.engine.sandbox import _process_table, descendants
+    from autograder.engine.sandbox import children, descendants
 
     def handler(signum, _frame):
-        init = {pid for pid, parent, _ in _process_table() if parent == proc.pid}
+        helpers = {proc.pid, *children(proc.pid)}  # the monitor, and the init below it
         for pid in descendants(proc.pid):
-            if pid != proc.pid and pid not in init:
+            if pid not in helpers:
                 try:
                     os.kill(pid, signum)
                 except OSError:
@@ -123,8 +123,8 @@ def main(connection_file: str) -> int:
             view.scratch[os.path.join(work, "inductor-headers")] = inside
             view.read_only.update(files)
         argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
-        proc = _warm_kernel(argv, view, _kernel_env(gpu)) or subprocess.Popen(
-            bwrap.command(argv, view), env=_kernel_env(gpu), stdin=subprocess.DEVNULL)
+        proc = _warm_kernel(argv, view, kernel_env(gpu)) or subprocess.Popen(
+            bwrap.command(argv, view), env=kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))
         signal.signal(signal.SIGTERM, lambda *_: proc.kill())
         return proc.wait()

@@ -9,7 +9,6 @@ of processes, and the output cap. Nothing here imports the child's code.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import signal
@@ -18,14 +17,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from autograder.engine import bwrap
-from autograder.engine.forkserver import loopback_up
+from autograder.engine import bwrap, prefork
+from autograder.engine.forkserver import CLONE_NEWNET, PR_SET_PDEATHSIG, libc, loopback_up
 from autograder.engine.jail import Jail
-from autograder.engine import prefork
 from autograder.engine.prefork import Forked, ForkServer, Unavailable
 
-CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # bubblewrap's monitor and the init of the pid namespace it creates.
 SANDBOX_PROCESSES = 2
@@ -72,18 +68,11 @@ class ChildResult:
 
 def die_with_parent() -> None:
     """The kernel kills this process when its parent dies: an interrupted grader leaves nothing."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _unshare_network() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(CLONE_NEWNET) == 0
-    except (OSError, AttributeError):
-        return False
+    return libc.unshare(CLONE_NEWNET) == 0
 
 
 def _process_table() -> list[tuple[int, int, int]]:
@@ -115,6 +104,11 @@ def _fork_helpers() -> set[int]:
     table = _process_table()
     monitors = {pid for pid, parent, _ in table if parent in servers}
     return monitors | {pid for pid, parent, _ in table if parent in monitors}
+
+
+def children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent``."""
+    return [pid for pid, ppid, _ in _process_table() if ppid == parent]
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -264,7 +258,8 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else 0)
         if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
-        resident = _resident_bytes([pid for pid in pids if pid not in _fork_helpers()])
+        helpers = _fork_helpers()
+        resident = _resident_bytes([pid for pid in pids if pid not in helpers])
         if resident > limits.memory_bytes and not verdict:
             verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
         if verdict:

@@ -247,8 +247,8 @@ def matmul_speed_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 def qat_inputs(seed: int, params: dict) -> dict:
     """The float model is trained here, once: the child starts its QAT from these weights, and
-    ``qat_check`` quantises the same ones for PTQ (2000 Adam steps, about 2 s of a core, that the
-    child would otherwise repeat)."""
+    ``qat_check`` quantises the same ones for PTQ (its 2000 Adam steps were once repeated in the
+    child and again in the check)."""
     from fastdl_lab.quant import training as qat
 
     seed = seed % 100_003
