@@ -10,6 +10,7 @@ import ast
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,13 +150,14 @@ def test_the_build_takes_torch_extension_h_precompiled(cpp_build, headers):
     assert (headers / f"{pch.HEADER}.gch").stat().st_size > 1 << 20
 
 
-def test_broken_source_gives_the_first_compiler_error(tmp_path, monkeypatch):
+def test_broken_source_gives_the_first_compiler_error(headers, tmp_path, monkeypatch):
     # With a .gch g++ cannot use: it says so, parses the header from its source, and the
     # student's first error is found as without a precompiled header at all.
     unusable = tmp_path / "pch" / pch.key(sources.OPTIMISE)
     (unusable / "torch").mkdir(parents=True)
-    (unusable / pch.HEADER).write_text(pch.FALLBACK)
+    (unusable / pch.HEADER).write_text(pch.TENSOR_HEADER)
     (unusable / f"{pch.HEADER}.gch").write_text("not a precompiled header")
+    shutil.copy(headers / pch.BINDINGS, unusable / pch.BINDINGS)
     (unusable / pch.KEY_FILE).write_text(pch.key(sources.OPTIMISE))
     monkeypatch.setenv(pch.ENV_VAR, str(unusable.parent))
     broken = sources.reference_cpp_source().replace("torch::sigmoid(gates[1])", "torch::sigmoid(gates[1]) +")
@@ -170,6 +172,31 @@ def test_broken_source_gives_the_first_compiler_error(tmp_path, monkeypatch):
     line = int(reason.split(":")[1])
     source_lines = ["#include <torch/extension.h>", *broken.splitlines()]
     assert "torch::sigmoid(gates[1]) +" in source_lines[line - 1], (reason, source_lines[line - 1])
+
+
+def test_without_a_ready_folder_the_build_makes_both_parts_and_builds_the_same(tmp_path, monkeypatch):
+    # The build of a machine where pch.ensure never ran: the tensor header parsed from source and
+    # the bindings compiled in the build's own folder. Parameters by reference, as many sources
+    # write them, reach the bindings through the glue.
+    monkeypatch.setenv(pch.ENV_VAR, str(tmp_path / "no-pch"))
+    source = sources.reference_cpp_source().replace("torch::Tensor", "const torch::Tensor&")
+    source = source.replace("std::vector<const torch::Tensor&>", "std::vector<torch::Tensor>")
+    assert "const torch::Tensor& input" in source
+    module = sources.build_cpp(source, name="fastdl_lltm_unready", build_dir=tmp_path / "build")
+    ninja = (tmp_path / "build" / "build.ninja").read_text()
+    assert "bindings.cpp" in ninja and f"-I{tmp_path / 'build' / 'headers'}" in ninja
+    ops = ops_of(module, "cpp")
+    check_ops(ops, make_inputs(5, 3, 7, dtype=torch.float64, seed=4))
+    assert _gradcheck(ops, (2, 11, 6))
+
+
+def test_a_source_sees_the_tensor_api_only(headers, tmp_path):
+    # What "#include <torch/extension.h>" gives a source: ATen and torch:: tensors, not the
+    # Python side (pybind11) a source of the course never needs.
+    source = sources.reference_cpp_source() + "\nstatic pybind11::object nothing;\n"
+    with pytest.raises(RuntimeError) as failure:
+        sources.build_cpp(source, name="fastdl_lltm_pybind", build_dir=tmp_path / "build")
+    assert "pybind11" in sources.first_compiler_error(str(failure.value))
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -41,8 +41,8 @@ OUTPUTS_CAP = 2 << 30
 ERROR_CAP = 64 << 10
 # Where the grader's driver code appears inside the sandbox.
 GRADER_DIR = "/opt/fastdl/grader"
-# Where the precompiled torch/extension.h appears, read-only: the root of fastdl_lab.custom.pch's
-# folders, holding the one folder the grader made.
+# Where the C++ builds' shared parts (fastdl_lab.custom.pch: the precompiled tensor header and the
+# bindings' object) appear, read-only: the root of pch's folders, holding the one the grader made.
 PCH_DIR = "/opt/fastdl/pch"
 
 
@@ -207,8 +207,8 @@ class _Workdir:
 
 
 def _precompiled_headers() -> Path | None:
-    """The precompiled torch/extension.h, made on first use; None where it cannot be made (the
-    build then parses the header itself, and a missing compiler is the build's named error)."""
+    """The C++ builds' shared folder (``pch``), made on first use; None where it cannot be made
+    (the build then makes both parts itself, and a missing compiler is the build's named error)."""
     from fastdl_lab.custom import pch, sources
 
     try:

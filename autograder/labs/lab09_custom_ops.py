@@ -2,7 +2,7 @@
 W8A8 Triton matmul, and quantisation-aware training that beats post-training quantisation.
 
 - The C++ source is a string constant of the student's cell (``Item.artefacts``). The child screens
-  it, then compiles it with ``load_inline`` into its private work directory (``TORCH_EXTENSIONS_DIR``
+  it, then compiles it with ``sources.build_cpp`` into its private work directory (``TORCH_EXTENSIONS_DIR``
   points there: no build is shared between submissions) within the item's own time allowance
   (``Item.build_s``). A build error is a named verdict quoting the compiler's first error line. The
   extension's outputs and gradients come back as tensors; the parent compares them with autograd's

@@ -7,8 +7,8 @@ The example is the LLTM cell, a small recurrent cell, in four forms that all com
 - ``sources``: the C++ source (``reference_cpp_source``, the graded exercise) and the CUDA source
   with fused gate kernels; ``build_cpp``, ``build_cuda``, ``compile_cuda`` (nvcc without a GPU)
   and ``first_compiler_error``;
-- ``pch``: a precompiled ``torch/extension.h`` (``pch.ensure`` makes it) that ``build_cpp`` uses
-  where one is ready: the same build in half the time;
+- ``pch``: what every ``build_cpp`` reuses (``pch.ensure`` makes it once per machine): the tensor
+  header precompiled and the bindings compiled, so a build compiles the source alone;
 - ``library``: the cell registered as ``torch.ops.fastdl.lltm_forward`` / ``lltm_backward`` with
   fake implementations and autograd, so ``torch.compile`` traces it without a graph break;
 - ``bench``: the benchmark spec, ``benchmark`` and ``check``.

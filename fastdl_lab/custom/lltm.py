@@ -163,8 +163,8 @@ class LLTM(nn.Module):
 
     ``backend``: "python" (the hand-written ops), "cpp" or "cuda" (a built extension). For the
     compiled backends pass ``ops=`` (``ops_of(module)`` of a build; it overrides ``backend``);
-    without it "cpp" builds the reference source with ``build_cpp`` (about half a minute the first
-    time, then cached) and "cuda" builds the CUDA source, which needs a GPU host.
+    without it "cpp" builds the reference source with ``build_cpp`` (about 5 s the first time
+    where ``pch.ensure`` has run, 25 s where not; then cached) and "cuda" builds the CUDA source, which needs a GPU host.
     """
 
     def __init__(self, input_features: int, state_size: int, backend: str = "python",

@@ -2,9 +2,9 @@
 
 - ``reference_cpp_source()``: forward and backward with the ATen C++ API (the graded exercise:
   the student writes this source; everything else here serves any source);
-- ``build_cpp``: ``load_inline`` into a chosen folder, with pybind11 bindings generated for
-  ``lltm_forward`` and ``lltm_backward``; ``first_compiler_error`` turns a failed build into one
-  readable line;
+- ``build_cpp``: the source against torch's tensor API, linked to pybind11 bindings of
+  ``lltm_forward`` and ``lltm_backward`` compiled once per machine (``pch``), into a chosen folder;
+  ``first_compiler_error`` turns a failed build into one readable line;
 - ``CUDA_SOURCE``: the two matrix products stay with ATen (cuBLAS), and one fused kernel per pass
   does all the elementwise gate math, where the C++ version launches one kernel per operator and
   sends every intermediate through memory;
@@ -26,7 +26,7 @@ from pathlib import Path
 from fastdl_lab.custom import pch
 
 FUNCTIONS = ["lltm_forward", "lltm_backward"]
-# load_inline adds no optimisation flag of its own; -O2 is what a setup.py build would use, and
+# torch's load adds no optimisation flag of its own; -O2 is what a setup.py build would use, and
 # the timing table compares optimised builds. It costs a few seconds of the half-minute build.
 OPTIMISE = ["-O2"]
 REPO = Path(__file__).resolve().parents[2]
@@ -253,6 +253,58 @@ std::vector<at::Tensor> lltm_backward(at::Tensor grad_h, at::Tensor grad_cell, a
                                       at::Tensor X, at::Tensor gate_weights, at::Tensor weights);
 """
 
+# The Python side of every C++ build, compiled once per machine (pch.ensure): what load_inline
+# would generate for FUNCTIONS, bound to the course's fixed signatures. GLUE, compiled with each
+# source, calls the source's functions from those signatures, whatever parameter types it chose.
+BINDINGS_SOURCE = r"""
+#include <torch/python.h>
+#include <torch/types.h>
+
+#include <vector>
+
+#define FASTDL_HIDDEN __attribute__((visibility("hidden")))
+
+FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_forward(at::Tensor input, at::Tensor weights, at::Tensor bias,
+                                                          at::Tensor old_h, at::Tensor old_cell);
+FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_backward(at::Tensor grad_h, at::Tensor grad_cell,
+                                                           at::Tensor new_cell, at::Tensor input_gate,
+                                                           at::Tensor output_gate, at::Tensor candidate_cell,
+                                                           at::Tensor X, at::Tensor gate_weights, at::Tensor weights);
+
+PYBIND11_MODULE(fastdl_lltm_bindings, m) {
+  m.def("lltm_forward", torch::wrap_pybind_function(fastdl_lltm_forward), "lltm_forward");
+  m.def("lltm_backward", torch::wrap_pybind_function(fastdl_lltm_backward), "lltm_backward");
+}
+"""
+
+# After the source. The module's entry point is named after the build (TORCH_EXTENSION_NAME, which
+# torch's load versions when a source changes) and hands over to the bindings' own: with
+# pybind11's multi-phase initialisation the module takes the name it is imported under.
+GLUE = r"""
+
+#define FASTDL_HIDDEN __attribute__((visibility("hidden")))
+
+FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_forward(at::Tensor input, at::Tensor weights, at::Tensor bias,
+                                                          at::Tensor old_h, at::Tensor old_cell) {
+  return lltm_forward(input, weights, bias, old_h, old_cell);
+}
+
+FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_backward(at::Tensor grad_h, at::Tensor grad_cell,
+                                                           at::Tensor new_cell, at::Tensor input_gate,
+                                                           at::Tensor output_gate, at::Tensor candidate_cell,
+                                                           at::Tensor X, at::Tensor gate_weights, at::Tensor weights) {
+  return lltm_backward(grad_h, grad_cell, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights, weights);
+}
+
+struct _object;
+extern "C" _object* PyInit_fastdl_lltm_bindings();
+#define FASTDL_ENTRY_(name) PyInit_##name
+#define FASTDL_ENTRY(name) FASTDL_ENTRY_(name)
+extern "C" __attribute__((visibility("default"))) _object* FASTDL_ENTRY(TORCH_EXTENSION_NAME)() {
+  return PyInit_fastdl_lltm_bindings();
+}
+"""
+
 # ---------------------------------------------------------------------------------------------
 # Building
 
@@ -275,20 +327,41 @@ def build_cpp(source: str | None = None, *, name: str, build_dir: Path | None = 
     student copy of the package that raises NotImplementedError, so graders always pass the
     source they grade). ``build_dir`` is this build's own folder (created; default
     ``default_build_root() / name``); an unchanged source in the same folder is not rebuilt.
-    ``load_inline`` puts ``#include <torch/extension.h>`` before the source, so the compiler's
-    line numbers are one more than the source's. A failed build raises load_inline's own error;
-    ``first_compiler_error(str(error))`` gives its first line worth reading.
+
+    As ``load_inline`` does, the build puts ``#include <torch/extension.h>`` before the source, so
+    the compiler's line numbers are one more than the source's, and gives Python the two
+    functions. What that header holds here is torch's tensor API (``pch``): ATen, the ``torch::``
+    tensor names and c10, which is all a source of the course may use. The functions must take
+    the course's tensors (by value or by reference) and return ``std::vector<torch::Tensor>``. A
+    failed build raises torch's own error; ``first_compiler_error(str(error))`` gives its first
+    line worth reading.
     """
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import load
 
     if source is None:
         source = reference_cpp_source()
-    # The precompiled torch/extension.h, where one is ready (pch.py): the same build in half the time.
-    header = pch.usable(OPTIMISE)
-    return load_inline(name=name, cpp_sources=[source], functions=FUNCTIONS,
-                       extra_cflags=OPTIMISE + (["-Winvalid-pch"] if header else []),
-                       extra_include_paths=[str(header)] if header else None,
-                       build_directory=str(_build_folder(name, build_dir)), verbose=verbose)
+    folder = _build_folder(name, build_dir)
+    # Made once per machine where ready: without it the build makes both parts itself, slower
+    # (the bindings alone take half a minute), never different.
+    ready = pch.usable(OPTIMISE)
+    if ready:
+        headers, units, objects = ready, [], [str(ready / pch.BINDINGS)]
+    else:
+        headers = folder / "headers"
+        _write_if_changed(headers / pch.HEADER, pch.TENSOR_HEADER)
+        units, objects = [_write_if_changed(folder / "bindings.cpp", BINDINGS_SOURCE)], []
+    main = _write_if_changed(folder / "main.cpp", f"#include <{pch.HEADER}>\n{source}\n{GLUE}")
+    return load(name=name, sources=[str(main), *map(str, units)],
+                extra_cflags=OPTIMISE + (["-Winvalid-pch"] if ready else []), extra_include_paths=[str(headers)],
+                extra_ldflags=objects, build_directory=str(folder), verbose=verbose)
+
+
+def _write_if_changed(path: Path, text: str) -> Path:
+    """An unchanged file keeps its time, so ninja does not compile it again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
 
 
 def build_cuda(source: str | None = None, *, name: str, build_dir: Path | None = None, verbose: bool = False):

@@ -1,8 +1,8 @@
 # expect: cpp_lltm=failed|error
 # Write outside the sandbox: a static initializer (no __attribute__, no file API the screen names)
-# tries to move and delete the precompiled torch/extension.h every build shares, then returns
-# wrong tensors. The header is mounted read-only: it stays as it was, and the item is graded on
-# what the code computes.
+# tries to move and delete the folder every build shares (the precompiled tensor header and the
+# bindings' object every extension is linked with), then returns wrong tensors. The folder is
+# mounted read-only: it stays as it was, and the item is graded on what the code computes.
 # %% grade_id=cpp_code
 LLTM_CPP = r"""
 #include <torch/extension.h>
