@@ -308,6 +308,19 @@ def test_the_warm_interpreter_holds_no_reference_a_child_could_copy(tmp_path, pr
     assert ("held []" not in result.output_tail) == found, result.output_tail
 
 
+@pytest.mark.parametrize("preload", [prefork.PRELOAD, prefork.KERNEL_PRELOAD], ids=["items", "kernels"])
+def test_the_warm_imports_write_nothing_where_the_environment_points(tmp_path, preload):
+    # A server imports with its children's environment but outside their sandbox, on the
+    # grader's filesystem: an import that makes a folder the environment names (matplotlib's
+    # config folder) would make it there. Here every such folder is moved under tmp_path.
+    job = tmp_path / "job"
+    env = {var: value.replace(bwrap.JOB, str(job)) for var, value in kernel_jail.kernel_env(False).items()}
+    done = subprocess.run([sys.executable, "-P", "-c", f"import importlib; [importlib.import_module(m) for m in {list(preload)!r}]"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not job.exists(), sorted(str(p.relative_to(job)) for p in job.rglob("*"))
+
+
 UNPRIVILEGED_GRADER = r'''
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])

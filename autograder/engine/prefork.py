@@ -31,8 +31,9 @@ SCRIPT = str(Path(__file__).with_name("forkserver.py"))
 # machine), and what building an optimizer or a Triton kernel pulls in (torch._dynamo, about 1 s).
 PRELOAD = ("torch", "numpy", "triton", "torch._dynamo")
 # What nbgrader's kernel imports before the notebook's first cell has run, and what every lab's
-# first cells import (matplotlib's pyplot is left to the kernel: it picks its backend on import).
-KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp", "matplotlib")
+# first cells import. Not matplotlib: importing it makes the config folder its environment names
+# (MPLCONFIGDIR, inside the sandbox), and the server runs outside, on the grader's filesystem.
+KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp")
 # Set for nbgrader's run: the socket its kernel launcher (kernel_jail.py) asks for a warm kernel on.
 KERNEL_RELAY_VAR = "FASTDL_KERNEL_RELAY"
 START_S = 120
