@@ -99,9 +99,28 @@ def nbgrader_env(student_package: Path, profile: dict, isolated: bool) -> dict[s
     return env
 
 
-def start_kernel_server(student_package: Path, profile: dict) -> None:
-    """Start now, not at the first submission's notebook, the fork server nbgrader's kernels of
-    this grading process are forked from (``prefork.kernel_relay``)."""
+def _nbgrader_run_env(student_package: Path, profile: dict, isolated: bool) -> dict[str, str]:
+    """``nbgrader_env`` and what a jailed kernel is told: where the grader's inductor headers are, and
+    the socket it asks for a warm kernel on (``prefork.kernel_relay``)."""
+    env = nbgrader_env(student_package, profile, isolated)
+    if isolated:  # an unisolated kernel shares this machine's /tmp, where inductor keeps it
+        env.update(kernel_jail.headers_for_kernels(bool(profile.get("gpu"))))
+        relay = None if profile.get("gpu") else prefork.kernel_relay()
+        if relay:
+            env[prefork.KERNEL_RELAY_VAR] = relay
+    return env
+
+
+def nbgrader_server(env: dict[str, str]) -> prefork.ForkServer | None:
+    """The fork server nbgrader's runs with ``env`` start from, warm with nbgrader's imports; None
+    where they start cold. A GPU host forks it too: nbgrader's process never touches CUDA."""
+    return prefork.server_for(env, gpu=False, preload=prefork.NBGRADER_PRELOAD)
+
+
+def start_nbgrader_servers(student_package: Path, profile: dict) -> None:
+    """Start now, not at the first submission's notebook, the fork servers of this grading process
+    that nbgrader's runs and their kernels are forked from."""
+    nbgrader_server(_nbgrader_run_env(student_package, profile, isolated=True))
     if not profile.get("gpu") and prefork.kernel_relay():
         env = kernel_jail.kernel_env(False, nbgrader_env(student_package, profile, isolated=True))
         prefork.server_for(env, gpu=False, preload=prefork.KERNEL_PRELOAD)
@@ -177,7 +196,7 @@ def _nbgrader_autograde(root: Path, spec: JobSpec, env: dict) -> dict:
     argv = [sys.executable, "-m", "autograder.nbgrader_main", "autograde", spec.lab, "--student", spec.student, "--force"]
     if spec.cell_timeout:
         argv.append(f"--Execute.timeout={spec.cell_timeout}")
-    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(root), env=env)
+    done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(root), env=env, server=nbgrader_server(env))
     message = ""
     if done.status not in ("ok", "error"):
         message = f"nbgrader autograde was stopped: {done.reason}"
@@ -209,12 +228,7 @@ def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> Non
     # What nbgrader reads is the notebook the engine read, copied: never the student's folder,
     # which could hold links to another student's work.
     target.write_text(json.dumps(nb), encoding="utf-8")
-    env = nbgrader_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
-    if spec.isolated:  # an unisolated kernel shares this machine's /tmp, where inductor keeps it
-        env.update(kernel_jail.headers_for_kernels(bool(spec.profile.get("gpu"))))
-        relay = None if spec.profile.get("gpu") else prefork.kernel_relay()
-        if relay:
-            env[prefork.KERNEL_RELAY_VAR] = relay
+    env = _nbgrader_run_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
     result.nbgrader = _nbgrader_autograde(root, spec, env)
     executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"
     result.nbgrader["outputs_cut"] = notebook.cap_outputs(executed)

@@ -64,7 +64,7 @@ def main(argv=None) -> None:
         if any(item.torch_headers for item in all_labs()[lab].items):
             pch.ensure(sources.OPTIMISE)
         start_fork_servers(all_labs()[lab], profile)
-        jobs.start_kernel_server(course.student_package, profile)
+        jobs.start_nbgrader_servers(course.student_package, profile)
         setup_s = time.monotonic() - started
         forked_before, kernels_before = prefork.forked_total, prefork.kernels_total
         seconds, record, summary = _grade(course, lab, profile)

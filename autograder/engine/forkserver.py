@@ -15,6 +15,12 @@ request it forks, and the fork isolates itself the way ``bwrap.py`` isolates a f
   ``no_new_privs``, keeps only its output pipe and ``/dev/null`` as file descriptors, takes the
   environment it was given, and runs the code (``-c`` source or ``-m`` module) as ``python`` would.
 
+A request without a plan is a *trusted run* (nbgrader's run of a notebook, whose process runs no
+student code: the kernel it talks to is a sandbox of its own). Its monitor enters the jail and sets
+the rlimits as above, makes only a network namespace (loopback up where asked), and forks one
+process that runs the code as the grader's user on the grader's filesystem: what
+``sandbox.run_sandboxed`` gives a process it starts without a view, less the imports.
+
 The server never runs student code; only the child does, after every step above. It is run as a
 script (``python -P forkserver.py FD PRELOAD...``) so that nothing of the grader's package is
 imported in it: what the child finds on ``sys.path`` is what its sandbox shows. Run as root it
@@ -304,6 +310,7 @@ def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> N
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's auto-reaping must not take the init
     _name(MONITOR_NAME.format(label=spec.get("label", "sandbox")))
     reply.send(json.dumps({"pid": os.getpid()}).encode())
+    trusted = spec["plan"] is None
     try:
         os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -312,22 +319,48 @@ def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> N
                 f.write(str(os.getpid()))
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(value))
-        _join_network(netns)
-        _enter_namespaces(spec)
-        init = os.fork()
+        if trusted:
+            _private_network(spec)
+        else:
+            _join_network(netns)
+            _enter_namespaces(spec)
+        first = os.fork()
     except (OSError, SetupError) as exc:
         reply.send(json.dumps({"exit": EXIT_SETUP}).encode())
         _fail(out, "namespaces", exc)
-    if init == 0:
+    if first == 0:
         reply.close()
-        _init(spec, out)
+        _trusted(spec, out) if trusted else _init(spec, out)
     os.close(out)
-    status = _wait_or_end(init, reply)
+    status = _wait_or_end(first, reply)
     try:
         reply.send(json.dumps({"exit": _status_code(status)}).encode())
     except OSError:
         pass  # nobody is left to tell
     os._exit(0)
+
+
+def _private_network(spec: dict) -> None:
+    """A trusted run's network, as ``sandbox.run_sandboxed`` gives a process it starts without a
+    view: a namespace of its own where one can be made (``marker`` then says so), loopback up in
+    it when asked for; the host's network where none can."""
+    if spec["network"] or libc.unshare(CLONE_NEWNET) != 0:
+        return
+    if spec.get("loopback"):
+        loopback_up()
+    with open(spec["marker"], "w") as f:
+        f.write("isolated")
+
+
+def _trusted(spec: dict, out: int) -> None:
+    """A trusted program (nbgrader's run of a notebook) in the monitor's session, jail and network:
+    no filesystem of its own and the grader's uid, as a process started without a view has."""
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.chdir(spec["chdir"])
+    except (OSError, SetupError) as exc:
+        _fail(out, "trusted run", exc)
+    _run_as_python(spec, out)
 
 
 def _init(spec: dict, out: int) -> None:
@@ -372,6 +405,14 @@ def _child(spec: dict, out: int) -> None:
     try:
         os.setsid()
         _drop_privileges(spec["uid"])
+    except (OSError, SetupError) as exc:
+        _fail(out, "user", exc)
+    _run_as_python(spec, out)
+
+
+def _run_as_python(spec: dict, out: int) -> NoReturn:
+    """The request's code with its environment, output and descriptors, as a fresh interpreter."""
+    try:
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)
@@ -379,8 +420,8 @@ def _child(spec: dict, out: int) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-    except (OSError, SetupError) as exc:
-        _fail(out, "user", exc)
+    except OSError as exc:
+        _fail(out, "descriptors", exc)
     # Python's own additions at start-up (LC_CTYPE under PEP 538) stay, as in a fresh interpreter.
     added = {name: os.environ[name] for name in ("LC_CTYPE",) if name in os.environ}
     os.environ.clear()
@@ -405,6 +446,9 @@ def _run(run: dict) -> int:
             else:
                 sys.path.insert(0, os.getcwd())
                 sys.argv = [run["module"], *run["args"]]
+                # A module the server imported runs afresh as __main__, as in a new interpreter; its
+                # own imports stay warm.
+                sys.modules.pop(run["module"], None)
                 runpy.run_module(run["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:

@@ -34,6 +34,11 @@ PRELOAD = ("torch", "numpy", "triton", "torch._dynamo")
 # first cells import. Not matplotlib: importing it makes the config folder its environment names
 # (MPLCONFIGDIR, inside the sandbox), and the server runs outside, on the grader's filesystem.
 KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp")
+# What nbgrader's own process imports before it starts the notebook's kernel (about 1.5 s on a
+# 2-core machine, paid by every submission when that process starts cold): its command line, the
+# autograde converter, the kernel client and the gradebook's database layer.
+NBGRADER_PRELOAD = ("autograder.nbgrader_main", "nbgrader.converters.autograde", "nbclient",
+                    "jupyter_client.manager", "sqlalchemy.orm", "alembic.command")
 # Set for nbgrader's run: the socket its kernel launcher (kernel_jail.py) asks for a warm kernel on.
 KERNEL_RELAY_VAR = "FASTDL_KERNEL_RELAY"
 START_S = 120
@@ -59,9 +64,11 @@ class Forked:
     """A child of the fork server, seen through the few methods ``run_sandboxed`` uses of a Popen:
     ``pid`` (its monitor, a session leader), ``stdout``, ``poll``, ``wait`` and ``returncode``."""
 
-    def __init__(self, pid: int, reply: socket.socket, stdout):
+    def __init__(self, pid: int, reply: socket.socket, stdout, trusted: bool = False):
         self.pid, self.stdout, self.returncode = pid, stdout, None
         self._reply = reply
+        if trusted:
+            _trusted_monitors.add(pid)
         try:
             self._gone = os.pidfd_open(pid)  # the monitor's end, which follows everything in its sandbox
         except OSError:
@@ -78,6 +85,7 @@ class Forked:
         # A monitor that ends without a word was killed (the watchdog kills with SIGKILL).
         self.returncode = json.loads(message)["exit"] if message else 128 + 9
         self._reply.close()
+        _trusted_monitors.discard(self.pid)
         if self._gone is not None:  # ended means no process of the sandbox is left
             select.select([self._gone], [], [], GONE_S)
             os.close(self._gone)
@@ -116,7 +124,13 @@ def _spec(argv: list[str], view: bwrap.View, env: dict[str, str], rlimits: dict,
             "label": label}
 
 
-def _started(ours: socket.socket, stdout) -> Forked:
+def _trusted_spec(argv: list[str], cwd: str, env: dict[str, str], rlimits: dict, jail: str | None, *,
+                  isolate_network: bool, loopback: bool, marker: str) -> dict:
+    return {"plan": None, "chdir": cwd, "network": not isolate_network, "loopback": loopback, "marker": marker,
+            "rlimits": rlimits, "jail": jail, "env": env, "run": python_target(argv), "label": "trusted"}
+
+
+def _started(ours: socket.socket, stdout, trusted: bool = False) -> Forked:
     """The child once its monitor has said its pid on ``ours``; Unavailable if nobody does."""
     ours.settimeout(START_S)
     try:
@@ -131,7 +145,7 @@ def _started(ours: socket.socket, stdout) -> Forked:
     ours.settimeout(None)
     global forked_total
     forked_total += 1
-    return Forked(json.loads(started)["pid"], ours, stdout)
+    return Forked(json.loads(started)["pid"], ours, stdout, trusted)
 
 
 class ForkServer:
@@ -164,11 +178,19 @@ class ForkServer:
 
     def spawn(self, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
               jail: str | None) -> Forked:
+        return self._request(_spec(argv, view, env, rlimits, jail, "item"))
+
+    def run_trusted(self, argv: list[str], *, cwd: str, env: dict[str, str], rlimits: dict, jail: str | None,
+                    isolate_network: bool, loopback: bool, marker: str) -> Forked:
+        """``argv`` forked warm as a trusted run (``forkserver.py``): no sandbox, the grader's uid."""
+        return self._request(_trusted_spec(argv, cwd, env, rlimits, jail, isolate_network=isolate_network,
+                                           loopback=loopback, marker=marker))
+
+    def _request(self, spec: dict) -> Forked:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         read_end, write_end = os.pipe()
         try:
-            self.forward(json.dumps(_spec(argv, view, env, rlimits, jail, "item")).encode(),
-                         [theirs.fileno(), write_end])
+            self.forward(json.dumps(spec).encode(), [theirs.fileno(), write_end])
         except Unavailable:
             ours.close()
             os.close(read_end)
@@ -176,7 +198,7 @@ class ForkServer:
         finally:
             theirs.close()
             os.close(write_end)
-        return _started(ours, open(read_end, "rb"))
+        return _started(ours, open(read_end, "rb"), trusted=spec["plan"] is None)
 
     def forward(self, request: bytes, fds: list[int]) -> None:
         """Hands the server one request and its descriptors (it keeps copies)."""
@@ -202,6 +224,8 @@ class ForkServer:
 _servers: dict[tuple, ForkServer] = {}
 _live: dict[int, "ForkServer"] = {}  # every started server of this process, by pid
 _broken: set[tuple] = set()
+# Monitors of trusted runs not yet ended: their child is the program itself, not a sandbox's init.
+_trusted_monitors: set[int] = set()
 _owner = os.getpid()
 _guard = threading.Lock()
 
@@ -210,6 +234,12 @@ def server_pids() -> set[int]:
     """This process's fork servers: their children are sandboxes' monitors, whose children are
     the sandboxes' inits (a parentage no student process can take on)."""
     return set(_live) if _owner == os.getpid() else set()
+
+
+def trusted_monitors() -> set[int]:
+    """Monitors of this process's trusted runs: the one process below each is the run's program,
+    whose memory counts (``sandbox._fork_helpers``)."""
+    return set(_trusted_monitors) if _owner == os.getpid() else set()
 
 
 def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRELOAD) -> ForkServer | None:
@@ -225,6 +255,7 @@ def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRE
         if _owner != os.getpid():  # a forked grading worker never shares its parent's servers
             _servers.clear()
             _live.clear()
+            _trusted_monitors.clear()
             _owner = os.getpid()
         server = _servers.get(key)
         if server is not None and server.alive():

@@ -25,6 +25,8 @@ from autograder.engine.prefork import Forked, ForkServer, Unavailable
 PAGE = os.sysconf("SC_PAGE_SIZE")
 # bubblewrap's monitor and the init of the pid namespace it creates.
 SANDBOX_PROCESSES = 2
+# A trusted run forked warm: its monitor.
+TRUSTED_PROCESSES = 1
 # What is kept of a marker line after its prefix: a kind and a SHA-256 in hex fit.
 MARK_CHARS = 80
 
@@ -103,7 +105,8 @@ def _fork_helpers() -> set[int]:
         return set()
     table = _process_table()
     monitors = {pid for pid, parent, _ in table if parent in servers}
-    return monitors | {pid for pid, parent, _ in table if parent in monitors}
+    sandboxed = monitors - prefork.trusted_monitors()
+    return monitors | {pid for pid, parent, _ in table if parent in sandboxed}
 
 
 def children(parent: int) -> list[int]:
@@ -184,14 +187,20 @@ def run_sandboxed(
     anything the child does. With ``mark``, lines of output starting with it are stamped with the
     parent's clock as they arrive (``ChildResult.marks``). With a ``server`` (and a ``view``), a
     ``python -c``/``-m`` argv runs in a child forked from that warm interpreter (``prefork.py``)
-    in the same sandbox, else through bubblewrap."""
+    in the same sandbox, else through bubblewrap. Without a view, a ``server`` forks a trusted
+    program (nbgrader's run) with the session, jail, limits and network it would get here."""
     marker = os.path.join(cwd, ".network")
     jail = Jail.create()
     start = time.monotonic()
-    if view is not None and server is not None:
+    if server is not None:
+        jailed = str(jail.path) if jail else None
         try:
-            proc = server.spawn(argv, view=view, env=env, rlimits=_rlimits(limits),
-                                jail=str(jail.path) if jail else None)
+            if view is not None:
+                proc = server.spawn(argv, view=view, env=env, rlimits=_rlimits(limits), jail=jailed)
+            else:
+                proc = server.run_trusted(argv, cwd=cwd, env=env, rlimits=_rlimits(limits), jail=jailed,
+                                          isolate_network=limits.isolate_network, loopback=limits.loopback,
+                                          marker=marker)
         except Unavailable:
             proc = None  # the server died: this child starts cold, and the next asks for a new server
         if proc is not None:
@@ -255,7 +264,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         if elapsed > limits.wall_s and not verdict:
             verdict.append(("timeout", f"wall-time limit of {limits.wall_s:.0f} s exceeded (a loop that never ends?)"))
         pids = sorted(set(_session_pids(sid)) | set(descendants(sid)) | set(jail.pids() if jail else ()))
-        allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else 0)
+        allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else TRUSTED_PROCESSES if forked else 0)
         if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
         helpers = _fork_helpers()
@@ -276,8 +285,8 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
     output = tail.decode("utf-8", "replace")
     isolated = (view is not None and not view.network) or os.path.exists(marker)
     rc = proc.returncode
-    if view is not None and rc is not None and 128 < rc < 128 + 65:
-        rc = -(rc - 128)  # bubblewrap reports a child killed by signal N as exit status 128 + N
+    if (view is not None or forked) and rc is not None and 128 < rc < 128 + 65:
+        rc = -(rc - 128)  # bubblewrap and a fork's monitor report a child killed by signal N as 128 + N
     if verdict:
         status, reason = verdict[0]
     elif rc == 0:
