@@ -321,6 +321,32 @@ def test_the_warm_imports_write_nothing_where_the_environment_points(tmp_path, p
     assert not job.exists(), sorted(str(p.relative_to(job)) for p in job.rglob("*"))
 
 
+SETTLED_AT_IMPORT = ("import getpass, json, tempfile\n"
+                     "from torch._inductor import codecache\n"
+                     "print(json.dumps([codecache._HEADER_DIR, getpass.getuser(), tempfile.gettempdir()]))")
+
+
+def test_a_forked_kernel_settles_at_import_what_a_cold_one_settles(tmp_path):
+    # What a library fixes when it is imported is fixed in the server, as the grader, outside the
+    # sandbox: inductor's folder of precompiled headers is named after the user. A forked kernel
+    # that looked for its headers under the grader's name rebuilt them (6 s) in every notebook.
+    if not prefork.enabled():
+        pytest.skip("the fork server is used only where the grader runs as root")
+    env = kernel_jail.kernel_env(False)
+    server = prefork.ForkServer(env, prefork.KERNEL_PRELOAD)
+    seen = []
+    try:
+        for started in (server, None):
+            work = _sandbox_folder(tmp_path / f"job{len(seen)}")
+            result = run_sandboxed([sys.executable, "-c", SETTLED_AT_IMPORT], limits=LIMITS, cwd=str(work), env=env,
+                                   view=bwrap.View(str(work)), server=started)
+            assert result.status == "ok" and result.forked == (started is not None), result.output_tail
+            seen.append(json.loads(result.output_tail.strip().splitlines()[-1]))
+    finally:
+        server.close()
+    assert seen[0] == seen[1] and seen[0][1] == bwrap.NOBODY_NAME, seen
+
+
 UNPRIVILEGED_GRADER = r'''
 import json, os, sys, tempfile
 sys.path.insert(0, sys.argv[1])

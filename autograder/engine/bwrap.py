@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 NOBODY = 65534
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "nobody"
+
+
+# The sandbox's uid by name, as its USER and LOGNAME say. A library may settle a path on the user
+# name when it is imported (inductor's folder of precompiled headers, /tmp/torchinductor_<user>):
+# a fork server imports outside the sandbox, as the grader, and its children must find the same
+# path there as a process that imported inside.
+NOBODY_NAME = _user_name(NOBODY)
 JOB = "/job"
 # Where the student copy of the package appears inside the sandbox.
 STUDENT_DIR = "/opt/fastdl/student"
@@ -219,6 +234,7 @@ def environment(*, gpu: bool, home: str = JOB, tmp: str = "/tmp", **extra: str) 
     # Compiler caches live in the private work directory: a build one submission left behind can
     # never be loaded by another's (Triton kernels, C++ extensions built with load_inline).
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": tmp,
+           "USER": NOBODY_NAME, "LOGNAME": NOBODY_NAME,
            "PYTHONDONTWRITEBYTECODE": "1", "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
            "TORCH_EXTENSIONS_DIR": os.path.join(home, ".torch_extensions"), **extra}
     return {**device_environment(gpu), **env}

@@ -30,10 +30,13 @@ SCRIPT = str(Path(__file__).with_name("forkserver.py"))
 # What every grading child imports before any of the course: torch (about 2 s on a 2-core
 # machine), and what building an optimizer or a Triton kernel pulls in (torch._dynamo, about 1 s).
 PRELOAD = ("torch", "numpy", "triton", "torch._dynamo")
-# What nbgrader's kernel imports before the notebook's first cell has run, and what every lab's
-# first cells import. Not matplotlib: importing it makes the config folder its environment names
-# (MPLCONFIGDIR, inside the sandbox), and the server runs outside, on the grader's filesystem.
-KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp")
+# What nbgrader's kernel imports before the notebook's first cell has run, what every lab's first
+# cells import, and what a notebook's first torch.compile or C++ build imports (inductor's compiler
+# and torch.utils.cpp_extension: about 1.3 s of lab 02's first compile). Not matplotlib: importing
+# it makes the config folder its environment names (MPLCONFIGDIR, inside the sandbox), and the
+# server runs outside, on the grader's filesystem.
+KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp", "torch._inductor.compile_fx",
+                  "torch._dynamo.backends.inductor", "torch.utils.cpp_extension")
 # What nbgrader's own process imports before it starts the notebook's kernel (about 1.5 s on a
 # 2-core machine, paid by every submission when that process starts cold): its command line, the
 # autograde converter, the kernel client and the gradebook's database layer.
