@@ -8,17 +8,18 @@ sandboxed items), then appends one row per lab, with hardware columns, to
 - ``setup_s``: what a lab costs once per course and machine, made before the timed run: its
   scratch course (``jobs.prepare_scratch``, kept between batches) and, for a lab that builds C++,
   the precompiled torch/extension.h (``fastdl_lab.custom.pch``), and the fork servers the item
-  children are forked from (``autograder/engine/prefork.py``), once per grading process. Rows
-  before this column existed counted the scratch course in ``submission_s`` and had no
-  precompiled header;
+  children, nbgrader's run and its kernel are forked from (``autograder/engine/prefork.py``), once
+  per grading process. Rows before this column existed counted the scratch course in
+  ``submission_s`` and had no precompiled header;
 - ``submission_s``: the ``autograde`` of one submission after that;
 - ``nbgrader_s``, ``engine_s``: the two parts of the submission as its record times them. They
   overlap (nbgrader runs in one of the engine's item slots) in rows with ``setup_s``; before,
   ``engine_s`` was ``submission_s - nbgrader_s``;
-- ``children``: ``forked`` when the item children and nbgrader's kernel were forked from fork
-  servers, ``forked items`` when only the item children were (rows of 2026-11-25 before the
-  kernel was), ``cold`` when each started a fresh interpreter through bubblewrap
-  (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold).
+- ``children``: ``all forked`` when the item children, nbgrader's own process and its kernel were
+  forked from fork servers, ``forked`` when the item children and the kernel were (rows of
+  2026-11-25, when nbgrader's process still started cold), ``forked items`` when only the item
+  children were (rows of 2026-11-25 before the kernel was), ``cold`` when each started a fresh
+  interpreter (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold).
 
 ``--beside`` compares, on the same machine and course, nbgrader's run beside the engine's items
 (as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
@@ -66,20 +67,23 @@ def main(argv=None) -> None:
         start_fork_servers(all_labs()[lab], profile)
         jobs.start_nbgrader_servers(course.student_package, profile)
         setup_s = time.monotonic() - started
-        forked_before, kernels_before = prefork.forked_total, prefork.kernels_total
+        before = prefork.forked_total, prefork.kernels_total, prefork.trusted_total
         seconds, record, summary = _grade(course, lab, profile)
         rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
                      "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
                      "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
                      "setup_s": round(setup_s, 2),
-                     "children": _children(prefork.forked_total > forked_before, prefork.kernels_total > kernels_before)})
+                     "children": _children(*(now > then for now, then in zip(
+                         (prefork.forked_total, prefork.kernels_total, prefork.trusted_total), before)))})
         print(rows[-1])
     if not args.dry_run:
         print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
 
 
-def _children(items: bool, kernel: bool) -> str:
-    return "forked" if items and kernel else "forked items" if items else "cold"
+def _children(items: bool, kernel: bool, nbgrader: bool) -> str:
+    if items and kernel:
+        return "all forked" if nbgrader else "forked"
+    return "forked items" if items else "cold"
 
 
 def _references(labs: list[str]):

@@ -49,10 +49,12 @@ REPLY_BYTES = 4096
 # How long a monitor that has reported its sandbox's end may take to exit.
 GONE_S = 5
 ENV_SWITCH = "FASTDL_PREFORK"
-# Children forked by this process's servers so far, and kernels forked for nbgrader's runs (the
-# grading benchmark says which way it ran).
+# Children forked by this process's servers so far, kernels forked for nbgrader's runs, and
+# trusted runs (nbgrader's own process) among the children (the grading benchmark says which way
+# it ran).
 forked_total = 0
 kernels_total = 0
+trusted_total = 0
 
 
 class Unavailable(RuntimeError):
@@ -146,8 +148,9 @@ def _started(ours: socket.socket, stdout, trusted: bool = False) -> Forked:
             stdout.close()
         raise Unavailable("the fork server stopped answering")
     ours.settimeout(None)
-    global forked_total
+    global forked_total, trusted_total
     forked_total += 1
+    trusted_total += trusted
     return Forked(json.loads(started)["pid"], ours, stdout, trusted)
 
 
