@@ -5,6 +5,7 @@ session, jail and network namespace with loopback, the limits, and the same exit
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -110,3 +111,27 @@ def test_nbgraders_warm_imports_write_nothing_and_run_nbgrader(tmp_path):
     assert result.forked and result.status == "ok", result.output_tail
     assert result.output_tail.strip().splitlines()[-1].startswith("nbgrader version"), result.output_tail
     assert "Warning" not in result.output_tail, result.output_tail
+
+
+def test_the_kernel_relay_never_starts_a_trusted_run(tmp_path):
+    # The relay forwards a launcher's request to the kernels' server, which also knows trusted runs:
+    # a request without a sandbox plan must be dropped, whoever sent it.
+    if not prefork.enabled():
+        pytest.skip("FASTDL_PREFORK=0: no relay")
+    from autograder.engine import kernel_jail
+
+    proof = tmp_path / "ran"
+    env = kernel_jail.kernel_env(False)
+    request = prefork._trusted_spec([sys.executable, "-c", f"open({str(proof)!r}, 'w')"], str(tmp_path), env, {},
+                                    None, isolate_network=False, loopback=False, marker=str(tmp_path / ".network"))
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    netns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(prefork.kernel_relay())
+        socket.send_fds(connection, [json.dumps(request).encode()], [theirs.fileno(), 2, netns])
+    theirs.close()
+    os.close(netns)
+    ours.settimeout(prefork.START_S)
+    assert ours.recv(prefork.REPLY_BYTES) == b""  # closed without a pid: nothing was forked
+    ours.close()
+    assert not proof.exists()

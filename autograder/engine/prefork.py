@@ -316,10 +316,12 @@ def _relay_loop(listener: socket.socket) -> None:
             except OSError:
                 continue
             try:
-                env = json.loads(request)["env"]
-                # Only a kernel without a GPU is forked (see server_for).
+                spec = json.loads(request)
+                env = spec["env"]
+                # Only a kernel without a GPU is forked (see server_for), and only into a sandbox:
+                # a launcher's request never becomes a trusted run.
                 server = server_for(env, gpu=env.get("TRITON_INTERPRET") != "1", preload=KERNEL_PRELOAD)
-                if server is not None and len(fds) == 3:
+                if server is not None and len(fds) == 3 and isinstance(spec["plan"], list):
                     server.forward(request, fds)
                     global kernels_total
                     kernels_total += 1
