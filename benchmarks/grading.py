@@ -21,17 +21,21 @@ sandboxed items), then appends one row per lab, with hardware columns, to
   children were (rows of 2026-11-25 before the kernel was), ``cold`` when each started a fresh
   interpreter (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold).
 
+``--cells N`` also prints, for each lab, the N slowest cells of nbgrader's run of the notebook (from
+the timing nbclient records in each executed cell): where a lab's share of nbgrader's time goes.
+
 ``--beside`` compares, on the same machine and course, nbgrader's run beside the engine's items
 (as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
 ``--rounds`` times per lab after a warm-up, one row per run in ``grading_beside.csv``.
 
-    python benchmarks/grading.py [--labs 01_gemm ...] [--beside [--rounds 2]] [--dry-run]
+    python benchmarks/grading.py [--labs 01_gemm ...] [--cells 5] [--beside [--rounds 2]] [--dry-run]
 """
 
 import argparse
 import json
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 from autograder import jobs, pipeline, profiles
@@ -49,6 +53,8 @@ def main(argv=None) -> None:
     parser.add_argument("--labs", nargs="*", help="labs to time (default: all)")
     parser.add_argument("--beside", action="store_true", help="nbgrader beside the items against nbgrader first")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each arrangement per lab (--beside)")
+    parser.add_argument("--cells", type=int, default=0, metavar="N",
+                        help="print the N slowest cells of nbgrader's run of each lab")
     parser.add_argument("--dry-run", action="store_true", help="print the rows, record nothing")
     args = parser.parse_args(argv)
     labs = args.labs or list(all_labs())
@@ -76,8 +82,26 @@ def main(argv=None) -> None:
                      "children": _children(*(now > then for now, then in zip(
                          (prefork.forked_total, prefork.kernels_total, prefork.trusted_total), before)))})
         print(rows[-1])
+        if args.cells:
+            executed = json.loads(course.autograded("reference", lab).read_text(encoding="utf-8"))
+            for seconds_, index, source in slowest_cells(executed, args.cells):
+                print(f"  {seconds_:6.2f} s  cell {index}: {source}")
     if not args.dry_run:
         print(f"appended {len(rows)} rows to {measure.append_results('grading', rows)}")
+
+
+def slowest_cells(executed: dict, n: int) -> list[tuple[float, int, str]]:
+    """The ``n`` longest-running code cells of an executed notebook, longest first: (seconds, index,
+    the start of its source), from the times nbclient records in each cell's metadata."""
+    timed = []
+    for index, cell in enumerate(executed.get("cells", [])):
+        stamps = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+            seconds = (datetime.fromisoformat(stamps["shell.execute_reply"].replace("Z", "+00:00"))
+                       - datetime.fromisoformat(stamps["iopub.execute_input"].replace("Z", "+00:00"))).total_seconds()
+            source = "".join(cell.get("source", "")).strip().replace("\n", " | ")
+            timed.append((seconds, index, source[:70]))
+    return sorted(timed, key=lambda row: -row[0])[:n]
 
 
 def _children(items: bool, kernel: bool, nbgrader: bool) -> str:
