@@ -39,6 +39,10 @@ RETRIES_AFTER_WORKER_LOSS = 1
 # jobs when it drops that client: a client starved of CPU on a loaded host misses its heartbeats,
 # reconnects, and finds every job it had submitted gone. Nothing of the job was graded then.
 RESUBMITS_AFTER_CANCEL = 2
+# A worker holds one job at a time, the one it runs. By default (1.1) the scheduler also hands a
+# one-thread worker the next job to queue behind it, and a worker that died would cost that job a
+# retry too; a job lasts seconds, so there is nothing to gain from handing it out early.
+ONE_JOB_PER_WORKER = {"distributed.scheduler.worker-saturation": 1.0}
 # Workers must be allowed children of their own: some items' trusted checks run a DataLoader with
 # worker processes (lab 06). A nanny reads this each time it starts or restarts its worker.
 NON_DAEMONIC_WORKERS = {"distributed.worker.daemon": False}
@@ -99,7 +103,8 @@ def local_cluster(workers: int, gpu: bool):
     from distributed import Scheduler, SpecCluster
 
     # The scheduler reads this when it starts; a cluster of the instructor's sets it in its own config.
-    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_LOSS, **NON_DAEMONIC_WORKERS}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_LOSS, **ONE_JOB_PER_WORKER,
+                          **NON_DAEMONIC_WORKERS}):
         return SpecCluster(
             scheduler={"cls": Scheduler, "options": {"dashboard": False}},
             workers=worker_specs(workers, gpu),

@@ -97,6 +97,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
     killed: list[str] = []  # keys of the jobs that were on a killed worker (running or queued)
     first_keys = [batch._job_key(LAB, s) for s in students]
     kills: list[int] = []  # how many results were in when each kill came
+    held: list[int] = []  # how many jobs each killed worker held
     cancelled: list[str] = []  # the key of a job the scheduler was made to cancel
     results = [0]
     stop = threading.Event()
@@ -118,6 +119,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
                     if keys:
                         killed.extend(keys)
                         kills.append(done)
+                        held.append(len(keys))
 
             def count_and_cancel(done, total, record):
                 results[0] = done
@@ -142,6 +144,7 @@ def test_a_class_survives_hostile_submissions_and_killed_workers(load_course, cp
         cluster.close()
 
     assert len(kills) == 2 and kills[-1] < len(jobs), f"two busy workers killed mid-run: {kills}"
+    assert held == [1, 1], f"a worker holds the one job it runs, none queued behind it: {held}"
     assert len(cancelled) == 1, "a job was cancelled mid-run"
     # Exactly one final state per submission, all graded: the killed workers' jobs were given again.
     events = [json.loads(line) for line in (course.root / "runs" / f"{summary.run_id}.jsonl").read_text().splitlines()]
