@@ -114,7 +114,7 @@ def _nbgrader_run_env(student_package: Path, profile: dict, isolated: bool) -> d
 def nbgrader_server(env: dict[str, str]) -> prefork.ForkServer | None:
     """The fork server nbgrader's runs with ``env`` start from, warm with nbgrader's imports; None
     where they start cold. A GPU host forks it too: nbgrader's process never touches CUDA."""
-    return prefork.server_for(env, gpu=False, preload=prefork.NBGRADER_PRELOAD)
+    return prefork.server_for(env, gpu=False, preload=prefork.NBGRADER_PRELOAD, trusted=True)
 
 
 def start_nbgrader_servers(student_package: Path, profile: dict) -> None:

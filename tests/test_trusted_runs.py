@@ -39,7 +39,7 @@ def server(request):
         return
     if not prefork.enabled():
         pytest.skip("FASTDL_PREFORK=0: every trusted run starts cold")
-    server = prefork.ForkServer(ENV, preload=("json",))
+    server = prefork.ForkServer(ENV, preload=("json",), trusted=True)
     yield server
     server.close()
 
@@ -135,3 +135,24 @@ def test_the_kernel_relay_never_starts_a_trusted_run(tmp_path):
     assert ours.recv(prefork.REPLY_BYTES) == b""  # closed without a pid: nothing was forked
     ours.close()
     assert not proof.exists()
+
+
+def test_a_server_serves_one_kind_of_request(tmp_path):
+    # nbgrader's server has imported the grader's own modules: a sandbox forked from it would find
+    # them in its memory. And a sandboxes' server never runs anything as the grader.
+    if not prefork.enabled():
+        pytest.skip("FASTDL_PREFORK=0: no servers")
+    from autograder.engine import bwrap
+
+    for trusted in (True, False):
+        server = prefork.ForkServer(ENV, preload=("json",), trusted=trusted)
+        try:
+            with pytest.raises(ValueError):
+                if trusted:
+                    server.spawn([sys.executable, "-c", "pass"], view=bwrap.View(str(tmp_path)), env=ENV, rlimits={},
+                                 jail=None)
+                else:
+                    server.run_trusted([sys.executable, "-c", "pass"], cwd=str(tmp_path), env=ENV, rlimits={}, jail=None,
+                                       isolate_network=True, loopback=False, marker=str(tmp_path / ".network"))
+        finally:
+            server.close()

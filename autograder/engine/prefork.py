@@ -155,7 +155,12 @@ def _started(ours: socket.socket, stdout, trusted: bool = False) -> Forked:
 
 
 class ForkServer:
-    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
+    """A fork server of sandboxes, or with ``trusted`` of trusted runs only: such a server may have
+    imported the grader's own modules (nbgrader's imports ``autograder``), which no sandbox may
+    find in its memory, so the two kinds never serve each other's requests."""
+
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD, *, trusted: bool = False):
+        self.trusted = trusted
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.Lock()
         # A file, not a pipe nobody reads while the server runs: a warning it prints cannot block it.
@@ -184,11 +189,15 @@ class ForkServer:
 
     def spawn(self, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
               jail: str | None) -> Forked:
+        if self.trusted:
+            raise ValueError("a server of trusted runs forks no sandbox")
         return self._request(_spec(argv, view, env, rlimits, jail, "item"))
 
     def run_trusted(self, argv: list[str], *, cwd: str, env: dict[str, str], rlimits: dict, jail: str | None,
                     isolate_network: bool, loopback: bool, marker: str) -> Forked:
         """``argv`` forked warm as a trusted run (``forkserver.py``): no sandbox, the grader's uid."""
+        if not self.trusted:
+            raise ValueError("a server of sandboxes forks no trusted run")
         return self._request(_trusted_spec(argv, cwd, env, rlimits, jail, isolate_network=isolate_network,
                                            loopback=loopback, marker=marker))
 
@@ -248,7 +257,8 @@ def trusted_monitors() -> set[int]:
     return set(_trusted_monitors) if _owner == os.getpid() else set()
 
 
-def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRELOAD) -> ForkServer | None:
+def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRELOAD,
+               trusted: bool = False) -> ForkServer | None:
     """This process's fork server for children with environment ``env``, started on first use;
     None where children must start through bubblewrap instead. GPU profiles start cold: a fork
     from a process in which anything has initialised CUDA cannot use the GPU, and that the
@@ -256,7 +266,7 @@ def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRE
     global _owner
     if gpu or not enabled():
         return None
-    key = (tuple(sorted(env.items())), preload)
+    key = (tuple(sorted(env.items())), preload, trusted)
     with _guard:
         if _owner != os.getpid():  # a forked grading worker never shares its parent's servers
             _servers.clear()
@@ -269,7 +279,7 @@ def server_for(env: dict[str, str], *, gpu: bool, preload: tuple[str, ...] = PRE
         if key in _broken:
             return None
         try:
-            server = _servers[key] = ForkServer(env, preload)
+            server = _servers[key] = ForkServer(env, preload, trusted=trusted)
         except (OSError, Unavailable) as exc:
             _broken.add(key)
             print(f"fastdl: children start through bubblewrap ({exc})", file=sys.stderr)
