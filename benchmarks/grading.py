@@ -97,8 +97,8 @@ def slowest_cells(executed: dict, n: int) -> list[tuple[float, int, str]]:
     for index, cell in enumerate(executed.get("cells", [])):
         stamps = cell.get("metadata", {}).get("execution", {})
         if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
-            seconds = (datetime.fromisoformat(stamps["shell.execute_reply"].replace("Z", "+00:00"))
-                       - datetime.fromisoformat(stamps["iopub.execute_input"].replace("Z", "+00:00"))).total_seconds()
+            seconds = (datetime.fromisoformat(stamps["shell.execute_reply"])
+                       - datetime.fromisoformat(stamps["iopub.execute_input"])).total_seconds()
             source = "".join(cell.get("source", "")).strip().replace("\n", " | ")
             timed.append((seconds, index, source[:70]))
     return sorted(timed, key=lambda row: -row[0])[:n]

@@ -320,7 +320,8 @@ def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> N
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(value))
         if trusted:
-            _private_network(spec)
+            if not spec["network"]:
+                private_network(spec["loopback"], spec["marker"])
         else:
             _join_network(netns)
             _enter_namespaces(spec)
@@ -340,15 +341,15 @@ def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> N
     os._exit(0)
 
 
-def _private_network(spec: dict) -> None:
-    """A trusted run's network, as ``sandbox.run_sandboxed`` gives a process it starts without a
-    view: a namespace of its own where one can be made (``marker`` then says so), loopback up in
-    it when asked for; the host's network where none can."""
-    if spec["network"] or libc.unshare(CLONE_NEWNET) != 0:
+def private_network(loopback: bool, marker: str) -> None:
+    """The network of a process run without a view (a cold one by ``sandbox.run_sandboxed``, or a
+    trusted run here): a namespace of its own where one can be made (``marker`` then says so),
+    loopback up in it when asked for; the host's network where none can."""
+    if libc.unshare(CLONE_NEWNET) != 0:
         return
-    if spec.get("loopback"):
+    if loopback:
         loopback_up()
-    with open(spec["marker"], "w") as f:
+    with open(marker, "w") as f:
         f.write("isolated")
 
 

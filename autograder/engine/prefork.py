@@ -37,7 +37,7 @@ PRELOAD = ("torch", "numpy", "triton", "torch._dynamo")
 # server runs outside, on the grader's filesystem.
 KERNEL_PRELOAD = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp", "torch._inductor.compile_fx",
                   "torch._dynamo.backends.inductor", "torch.utils.cpp_extension")
-# What nbgrader's own process imports before it starts the notebook's kernel (about 1.5 s on a
+# What nbgrader's own process imports before it starts the notebook's kernel (0.9-1.1 s on the idle
 # 2-core machine, paid by every submission when that process starts cold): its command line, the
 # autograde converter, the kernel client and the gradebook's database layer.
 NBGRADER_PRELOAD = ("autograder.nbgrader_main", "nbgrader.converters.autograde", "nbclient",

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from autograder.engine import bwrap, prefork
-from autograder.engine.forkserver import CLONE_NEWNET, PR_SET_PDEATHSIG, libc, loopback_up
+from autograder.engine.forkserver import PR_SET_PDEATHSIG, libc, private_network
 from autograder.engine.jail import Jail
 from autograder.engine.prefork import Forked, ForkServer, Unavailable
 
@@ -71,10 +71,6 @@ class ChildResult:
 def die_with_parent() -> None:
     """The kernel kills this process when its parent dies: an interrupted grader leaves nothing."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _unshare_network() -> bool:
-    return libc.unshare(CLONE_NEWNET) == 0
 
 
 def _process_table() -> list[tuple[int, int, int]]:
@@ -216,11 +212,8 @@ def run_sandboxed(
         for name, value in _rlimits(limits).items():
             resource.setrlimit(getattr(resource, name), value)
         # bubblewrap makes its own network namespace (unless the view shares the caller's).
-        if view is None and limits.isolate_network and _unshare_network():
-            if limits.loopback:
-                loopback_up()
-            with open(marker, "w") as f:
-                f.write("isolated")
+        if view is None and limits.isolate_network:
+            private_network(limits.loopback, marker)
 
     proc = subprocess.Popen(
         argv,
