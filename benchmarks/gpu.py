@@ -2,7 +2,8 @@
 
 On a GPU host, within a budget of ten minutes:
 
-1. the ``gpu``-marked tests (when pytest is installed; a GPU image may lack it, which is said);
+1. the GPU tests: the ``gpu``-marked ones and the kernel tests, which pick the GPU when there is one
+   (when pytest is installed; a GPU image may lack it, which is said);
 2. the GPU spec of every technique benchmark (``benchmarks/<name>.py``: rows with hardware
    columns in ``benchmarks/results/<name>.csv``), the labs' headline kernels first;
 3. a calibration of the speed thresholds of this GPU's grading profile: every speed item of the
@@ -19,6 +20,7 @@ Runs from the source tree with only torch, Triton and NumPy installed (``PYTHONP
 labs whose grading needs more (pandas for lab 08, ...) are reported as not calibrated.
 
     PYTHONPATH=. python3 benchmarks/gpu.py [--budget 570] [--runs 3] [--margin 0.4] [--skip tests,benchmarks]
+                                           [--benchmarks layernorm,optim]
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from statistics import median
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+# Each step's whole output, for reading after a run (not committed).
+LOGS = ROOT / "build" / "bench-gpu"
 # The labs' headline kernels (the figures the course promises) run first, so a short budget
 # measures them before anything else.
 BENCHMARK_ORDER = ["gemm", "attention", "softmax", "layernorm", "measure", "optim", "quant", "fusion",
@@ -153,34 +157,47 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], timeout: float) -> tuple[str, str]:
-    """Run a step's process with its own deadline; (status, last lines of its output)."""
+def _run(argv: list[str], timeout: float, log: Path) -> tuple[str, str]:
+    """Run a step's process with its own deadline; (status, last lines of its output). The whole
+    output goes to ``log``: a failing test's traceback is rarely in the last lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     try:
         done = subprocess.run(argv, cwd=ROOT, env=_child_env(), capture_output=True, text=True,
                               timeout=max(1.0, timeout), start_new_session=True)
+        status, output = ("ok" if done.returncode == 0 else f"exit {done.returncode}"), done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or b"")[-2000:]
-        return "timeout", tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-    output = (done.stdout + done.stderr)[-4000:]
-    return ("ok" if done.returncode == 0 else f"exit {done.returncode}"), output
+        status, output = "timeout", "".join(s.decode(errors="replace") if isinstance(s, bytes) else s
+                                            for s in (exc.stdout, exc.stderr) if s)
+    log.write_text(output)
+    return status, output[-4000:]
 
 
 # --------------------------------------------------------------------------------------------
 # Steps
 
 
+# A test file runs on the GPU when it is marked ``gpu`` or picks its device by whether there is one
+# (the kernel tests: the same cases as under the interpreter, compiled for this GPU).
+_GPU_TEST = re.compile(r'mark\.gpu\b|"cuda" if device\.has_gpu\(\)')
+
+
+def gpu_test_files(tests: Path = ROOT / "tests") -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in tests.glob("test_*.py") if _GPU_TEST.search(p.read_text()))
+
+
 def run_tests(budget: Budget) -> None:
     started = time.monotonic()
     if importlib.util.find_spec("pytest") is None:
-        record_step("tests", "skipped", 0, "pytest is not installed here: the gpu-marked tests were not run")
+        record_step("tests", "skipped", 0, "pytest is not installed here: the GPU tests were not run")
         return
-    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                    if re.search(r"mark\.gpu\b", p.read_text()))
-    if not marked:
-        record_step("tests", "skipped", 0, "no gpu-marked tests")
+    files = gpu_test_files()
+    if not files:
+        record_step("tests", "skipped", 0, "no GPU tests")
         return
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *marked]
-    status, output = _run(argv, min(120, budget.left()))
+    workers = ["-n", str(min(8, os.cpu_count() or 1))] if importlib.util.find_spec("xdist") else []
+    argv = [sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "no:benchmark", *workers,
+            *files]
+    status, output = _run(argv, min(180, budget.left()), LOGS / "tests.log")
     print(output)
     record_step("tests", status, time.monotonic() - started, output.strip().splitlines()[-1] if output.strip() else "")
 
@@ -192,7 +209,8 @@ def run_benchmarks(budget: Budget, names: list[str]) -> None:
             record_step(f"benchmark {name}", "skipped", 0, "out of time budget")
             continue
         started = time.monotonic()
-        status, output = _run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py")], min(120, left))
+        status, output = _run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py")], min(120, left),
+                               LOGS / f"benchmark-{name}.log")
         if status != "ok":
             print(output)
         last = output.strip().splitlines()[-1] if output.strip() else ""
@@ -307,10 +325,15 @@ def main(argv=None) -> int:
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                         help=f"proposed threshold = median x (1 - margin) (default {DEFAULT_MARGIN})")
     parser.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {', '.join(STEPS)}")
+    parser.add_argument("--benchmarks", default="", help="comma-separated benchmarks to run (default: all, "
+                        "headline kernels first)")
     args = parser.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
-    if skip - set(STEPS) or args.runs < 1 or not 0 <= args.margin < 1:
-        parser.error(f"--skip takes {', '.join(STEPS)}; --runs at least 1; --margin in [0, 1)")
+    known = technique_benchmarks()
+    chosen = [b for b in args.benchmarks.split(",") if b] or known
+    if skip - set(STEPS) or args.runs < 1 or not 0 <= args.margin < 1 or set(chosen) - set(known):
+        parser.error(f"--skip takes {', '.join(STEPS)}; --benchmarks takes {', '.join(known)}; --runs at least 1; "
+                     "--margin in [0, 1)")
 
     from fastdl_lab import device
 
@@ -340,7 +363,7 @@ def main(argv=None) -> int:
         record_step("calibration", "ok" if done else "nothing measured", time.monotonic() - started,
                     f"{done} speed items measured; proposal in {path.relative_to(ROOT)}")
     if "benchmarks" not in skip:
-        run_benchmarks(budget, technique_benchmarks())
+        run_benchmarks(budget, chosen)
     print("rows in benchmarks/results/ (gpu_runs.csv has the GPU's clocks per step); review the proposal before "
           "copying any threshold into autograder/profiles/.")
     return 0

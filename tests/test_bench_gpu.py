@@ -92,6 +92,14 @@ def test_every_technique_benchmark_is_run_headline_kernels_first():
                           if re.search(r"^from _runner import", p.read_text(), re.M)}
 
 
+def test_the_gpu_tests_are_the_marked_ones_and_every_kernel_test_that_picks_the_gpu():
+    files = gpu.gpu_test_files()
+    assert {"tests/test_custom.py", "tests/test_gemm.py", "tests/test_attention.py", "tests/test_softmax.py",
+            "tests/test_layernorm.py"} <= set(files)
+    # Tests that never touch a GPU stay out of a ten-minute run.
+    assert "tests/test_grading_pipeline.py" not in files and "tests/test_bench_gpu.py" not in files
+
+
 def test_the_package_admits_python_3_11_to_3_13():
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert requires == ">=3.11,<3.14"
