@@ -139,26 +139,47 @@ class MultiTensorTable(NamedTuple):
     n_chunks: int
 
 
+# The tables of recent launches, by what they hold. A table is a pure function of (device, block,
+# addresses, lengths), so a hit is exact, and a training loop passes the same tensors every step:
+# without the cache a step of a large model spends more time building tables than updating it.
+_TABLES: dict[tuple, MultiTensorTable] = {}
+_TABLES_KEPT = 8
+
+
 def multi_tensor_table(tensor_lists: Sequence[Sequence[torch.Tensor]], block: int) -> MultiTensorTable:
     """Address, length and chunk tables (int64, on the tensors' device) for lists of equal-length tensors.
 
-    Everything is gathered in Python and sent as one buffer, so the torch ops it costs do not grow
-    with the number of tensors; on a GPU the buffer goes from pinned memory without a host sync.
+    The torch ops it costs do not grow with the number of tensors or chunks: the per-tensor part
+    travels as one buffer (from pinned memory, without a host sync, on a GPU) and the chunk tables
+    are expanded from it on the device. A table built for the same addresses before is reused.
     """
     first = tensor_lists[0]
     numels = [t.numel() for t in first]
-    chunk_tensor, chunk_start = [], []
-    for i, n in enumerate(numels):
-        starts = range(0, n, block)
-        chunk_tensor += [i] * len(starts)
-        chunk_start += starts
-    flat = [t.data_ptr() for lst in tensor_lists for t in lst] + numels + chunk_tensor + chunk_start
+    ptrs = [t.data_ptr() for lst in tensor_lists for t in lst]
     dev = first[0].device if first else torch.device("cpu")
-    buffer = torch.tensor(flat, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
-    parts = buffer.split([len(first)] * (len(tensor_lists) + 1) + [len(chunk_tensor)] * 2)
+    key = (dev, block, tuple(ptrs), tuple(numels))
+    table = _TABLES.get(key)
+    if table is None:
+        table = _build_table(ptrs, numels, len(tensor_lists), block, dev)
+        if len(_TABLES) >= _TABLES_KEPT:
+            del _TABLES[next(iter(_TABLES))]
+        _TABLES[key] = table
     # Under the checked interpreter a launch given this table may touch the tensors it points at.
-    bounds.declare_table(parts, [(f"list {k} tensor {i}", t) for k, lst in enumerate(tensor_lists) for i, t in enumerate(lst)])
-    return MultiTensorTable(list(parts[: len(tensor_lists)]), *parts[len(tensor_lists):], len(chunk_tensor))
+    bounds.declare_table([*table.addrs, table.numels],
+                         [(f"list {k} tensor {i}", t) for k, lst in enumerate(tensor_lists) for i, t in enumerate(lst)])
+    return table
+
+
+def _build_table(ptrs: list[int], numels: list[int], n_lists: int, block: int, dev: torch.device) -> MultiTensorTable:
+    counts = [-(-n // block) for n in numels]
+    n_chunks, n = sum(counts), len(numels)
+    host = torch.tensor(ptrs + numels + counts, dtype=torch.int64, pin_memory=dev.type == "cuda")
+    *addrs, numels_d, counts_d = host.to(dev, non_blocking=True).split([n] * (n_lists + 2))
+    # Chunk c belongs to tensor chunk_tensor[c] and starts at element block * (c - its first chunk).
+    chunk_tensor = torch.repeat_interleave(torch.arange(n, device=dev), counts_d, output_size=n_chunks)
+    first_chunk = torch.cumsum(counts_d, 0) - counts_d
+    chunk_start = (torch.arange(n_chunks, device=dev) - first_chunk[chunk_tensor]) * block
+    return MultiTensorTable(addrs, numels_d, chunk_tensor, chunk_start, n_chunks)
 
 
 def _validate_fused(params, grads, exp_avgs, exp_avg_sqs, masters) -> None:

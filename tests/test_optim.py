@@ -227,6 +227,17 @@ def test_multi_tensor_table_chunks_ragged_tensors():
         assert t.dtype == torch.int64 and t.device.type == DEV
 
 
+def test_a_table_is_reused_for_the_same_tensors_and_rebuilt_for_others():
+    a = [torch.zeros(n, device=DEV) for n in (3, 9)]
+    table = optim.multi_tensor_table([a, a], 4)
+    assert optim.multi_tensor_table([a, a], 4) is table
+    assert optim.multi_tensor_table([a, a], 8) is not table
+    b = [torch.zeros(n, device=DEV) for n in (3, 9)]
+    other = optim.multi_tensor_table([b, b], 4)
+    assert other is not table and other.addrs[0].tolist() == [t.data_ptr() for t in b]
+    assert other.chunk_start.tolist() == [0, 0, 4, 8]
+
+
 class _CountOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()
