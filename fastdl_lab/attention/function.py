@@ -168,18 +168,18 @@ def backward_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.
                    block_n: int | None = None) -> dict[str, torch.Tensor]:
     """Gradients from the backward kernels in ``kernels`` alone, each part judged on its own.
 
-    The forward's o and logsumexp come from the references (``attention_ref``, ``logsumexp_ref``),
-    so no forward kernel is involved. ``"bwd_preprocess"`` with ``"bwd_dkdv"`` give ``{"dk", "dv"}``;
-    ``"bwd_dq"`` gives ``{"dq"}``, fed by delta = rowsum(dO * O) computed here in fp32, as the
-    preprocess kernel would. 4-D inputs.
+    The forward's o and logsumexp come from the references (``forward_ref``), so no forward kernel
+    is involved. ``"bwd_preprocess"`` with ``"bwd_dkdv"`` give ``{"dk", "dv"}``; ``"bwd_dq"`` gives
+    ``{"dq"}``, fed by delta = rowsum(dO * O) computed here in fp32, as the preprocess kernel would.
+    4-D inputs.
     """
     causal, sm_scale, chosen, config = _prepare(q, k, v, causal, scale, kernels, block_m, block_n)
     if q.dim() != 4 or do.shape != q.shape:
         raise ValueError(f"backward_parts takes 4-D q, k, v and a do of q's shape, got {tuple(q.shape)} and "
                          f"{tuple(do.shape)}")
     b, h, n, d = q.shape
-    o = attention_ref(q, k, v, causal=causal, scale=sm_scale)
-    lse = logsumexp_ref(q, k, causal=causal, scale=sm_scale).float().reshape(b * h, n).contiguous()
+    o, lse = forward_ref(q, k, v, causal, sm_scale)
+    lse = lse.float().reshape(b * h, n).contiguous()
     q3, k3, v3, o3, do3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v, o, do))
     parts = {}
     if "bwd_dkdv" in kernels:
@@ -199,16 +199,40 @@ def kernel_written(kernel) -> bool:
     return not pyast.raises_not_implemented(pyast.parse(source))
 
 
-def _probs_tf32(q, k, causal, scale):
+def tf32_products(q: torch.Tensor) -> bool:
+    """Whether ``tl.dot`` multiplies ``q``'s values on TF32 tensor cores: fp32 on a GPU. The
+    interpreter's ``tl.dot`` is true fp32."""
+    return q.dtype == torch.float32 and q.is_cuda
+
+
+def _scores_tf32(q, k, causal, scale):
     scores = checks.tf32_matmul(q, k.transpose(-2, -1)) * _scale(q.shape[-1], scale)
     if causal:
         scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return scores
+
+
+def _probs_tf32(q, k, causal, scale):
+    return torch.softmax(_scores_tf32(q, k, causal, scale), dim=-1)
 
 
 def _attention_tf32(q, k, v, causal, scale):
     """``attention_ref`` with both products as TF32 tensor cores compute them."""
     return checks.tf32_matmul(_probs_tf32(q, k, causal, scale), v)
+
+
+def forward_ref(q, k, v, causal: bool, scale: float | None):
+    """(o, logsumexp) as a forward kernel on these inputs computes them, for a backward to start from.
+
+    The backward rebuilds P = exp(s - lse) from its own scores, so the lse it is given must come
+    from scores computed as its own are: with fp32 on a GPU, TF32 products. An exact lse against
+    TF32 scores leaves every row of P off by the scores' rounding, which tensor cores make one-sided
+    (they drop the low mantissa bits): on an H200 that tripled a correct kernel's dK error.
+    """
+    if tf32_products(q):
+        scores = _scores_tf32(q, k, causal, scale)
+        return checks.tf32_matmul(torch.softmax(scores, dim=-1), v), torch.logsumexp(scores, dim=-1)
+    return attention_ref(q, k, v, causal=causal, scale=scale), logsumexp_ref(q, k, causal=causal, scale=scale)
 
 
 def _flash_grads_tf32(q, k, v, do, causal, scale):
@@ -232,7 +256,7 @@ def _torch_attention(q, k, v, causal, scale):
     if q.dtype == torch.float32:
         # On a GPU tl.dot takes fp32 operands through TF32 tensor cores: the baseline is attention
         # with TF32 products. On the CPU the interpreter's tl.dot is true fp32, and so is the baseline.
-        if q.is_cuda:
+        if tf32_products(q):
             return _attention_tf32(q, k, v, causal, scale)
         return attention_ref(q, k, v, causal=causal, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
@@ -308,7 +332,7 @@ def check_attention_grads(grads, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     def torch_grad(i):
         if not torch_grads:
-            if q.dtype == torch.float32 and q.is_cuda:
+            if tf32_products(q):
                 torch_grads.extend(_flash_grads_tf32(q, k, v, do, causal, scale))
             else:
                 torch_grads.extend(_attention_grads(lambda *t: _torch_attention(*t, causal, scale), q, k, v, do))
