@@ -134,12 +134,13 @@ def test_module_backends_agree(cpp):
 
 
 def _pch_report(build_dir: Path) -> str:
-    """g++'s -H report for main.cpp under the build's own flags (from its build.ninja), preprocessing
-    only: the first line is "! FILE.gch" where the precompiled header is used."""
+    """g++'s -H report for main.cpp under the build's own compiler (torch's, which honours CXX) and
+    flags (from its build.ninja), preprocessing only: the first line is "! FILE.gch" where the
+    precompiled header is used. Another GCC would refuse a .gch it did not make."""
     flags = next(line.split("=", 1)[1] for line in (build_dir / "build.ninja").read_text().splitlines()
                  if line.startswith("cflags ="))
-    done = subprocess.run(["c++", "-H", "-E", "-fpch-preprocess", *shlex.split(flags), str(build_dir / "main.cpp"),
-                           "-o", os.devnull], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([pch._compiler(), "-H", "-E", "-fpch-preprocess", *shlex.split(flags),
+                           str(build_dir / "main.cpp"), "-o", os.devnull], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stderr
 

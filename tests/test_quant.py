@@ -254,8 +254,9 @@ def test_w8a8_linear_is_close_to_the_float_layer_and_takes_a_kernel():
         want, got = linear(x), layer(x.to(DEV)).cpu()
     assert got.shape == (2, 7, 20) and layer.w_q.dtype == torch.int8
     assert float((got - want).norm() / want.norm()) < 0.02
-    rows = x.reshape(-1, 48)
-    a_q, a_scale = quant.quantize_activation(rows)
+    # The codes the layer made, on its device: CUDA divides by a Python scalar through its
+    # reciprocal, so a scale computed on the CPU can differ from the GPU's in the last bit.
+    a_q, a_scale = (t.cpu() for t in quant.quantize_activation(x.reshape(-1, 48).to(DEV)))
     exact = quant.int8_matmul_ref(a_q, a_scale, layer.w_q.cpu(), layer.w_scale.cpu()) + linear.bias.detach()
     assert torch.equal(got.reshape(-1, 20), exact)
     swapped = quant.quantize_linears(nn.Sequential(nn.Linear(48, 20, bias=False), nn.ReLU(), linear)).to(DEV)
@@ -419,11 +420,12 @@ q, scale, _ = quant.quantize(w, axis=0)
 quant.check_per_channel(q, scale, w)
 a_q, a_scale = quant.quantize_activation(checks.randn(9, 32, seed=1))
 quant.check_int8_matmul(quant.int8_matmul_ref(a_q, a_scale, q, scale), a_q, a_scale, q, scale)
+dev = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
 task = quant.make_task(0, n_train=300, n_test=100)
 model = quant.make_model(0)
 quant.accuracy(quant.ptq(model, 4, task.train[0]), task.test)
 quant.accuracy(quant.qat(model, 4, 3, task.train, fake_quant=quant.round_to_grid), task.test)
-for call in (lambda: quant.quantize_per_channel_ref(w), lambda: quant.int8_matmul(a_q, a_scale, q, scale),
+for call in (lambda: quant.quantize_per_channel_ref(w), lambda: quant.int8_matmul(*(t.to(dev) for t in (a_q, a_scale, q, scale))),
              lambda: quant.qat(model, 4, 1, task.train)):
     try:
         call()
