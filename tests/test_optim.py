@@ -256,6 +256,9 @@ def test_multi_tensor_table_costs_a_fixed_number_of_torch_ops():
             optim.multi_tensor_table([tensors, tensors, tensors], 4)
         counts[n] = len(mode.ops)
     assert counts[10] == counts[100] > 0, counts
+    # Few enough that a build never uses up the op slack lab 04's grader allows a fused step (6):
+    # whether a step finds its table built depends on where the allocator put the gradients.
+    assert counts[10] <= 4, mode.ops
 
 
 def _model(seed=0, dtype=torch.float32):
