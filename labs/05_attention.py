@@ -668,6 +668,8 @@ attention.check_attention(_o, _q, _k, _v, True, name="o for strided views of a f
 #
 # The graded test feeds your two kernels the reference forward's `o` and logsumexp
 # (`attention.backward_parts`), so they are judged on their own, not through your forward kernel.
+# With fp32 inputs on a GPU that forward takes its scores in TF32, as your kernels' `tl.dot` does
+# there: step 3 rebuilds exact probabilities only from the lse of the same scores.
 
 # %% nbgrader={"grade_id": "attn_bwd_code", "solution": true}
 from fastdl_lab import device  # noqa: F401  (before triton: the interpreter is on without a GPU)
