@@ -114,8 +114,8 @@ def test_nbgraders_warm_imports_write_nothing_and_run_nbgrader(tmp_path):
 
 
 def test_the_kernel_relay_never_starts_a_trusted_run(tmp_path):
-    # The relay forwards a launcher's request to the kernels' server, which also knows trusted runs:
-    # a request without a sandbox plan must be dropped, whoever sent it.
+    # The relay forwards a launcher's request to the kernels' server: a request without a sandbox
+    # plan must be dropped, whoever sent it (the relay drops it, and the server would too).
     if not prefork.enabled():
         pytest.skip("FASTDL_PREFORK=0: no relay")
     from autograder.engine import kernel_jail
@@ -156,3 +156,33 @@ def test_a_server_serves_one_kind_of_request(tmp_path):
                                        isolate_network=True, loopback=False, marker=str(tmp_path / ".network"))
         finally:
             server.close()
+
+
+def test_a_server_drops_a_request_of_the_other_kind_handed_to_it_directly(tmp_path):
+    # What spawn and run_trusted refuse in the grader, the server itself refuses too: a request
+    # forwarded raw (as the kernel relay forwards a launcher's) runs nothing.
+    if not prefork.enabled():
+        pytest.skip("FASTDL_PREFORK=0: no servers")
+    from autograder.engine import bwrap
+
+    proof = tmp_path / "ran"
+    argv = [sys.executable, "-c", f"open({str(proof)!r}, 'w')"]
+    requests = {True: prefork._spec(argv, bwrap.View(str(tmp_path)), ENV, {}, None, "item"),
+                False: prefork._trusted_spec(argv, str(tmp_path), ENV, {}, None, isolate_network=False,
+                                             loopback=False, marker=str(tmp_path / ".network"))}
+    for trusted, request in requests.items():
+        server = prefork.ForkServer(ENV, preload=("json",), trusted=trusted)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        read_end, write_end = os.pipe()
+        try:
+            server.forward(json.dumps(request).encode(), [theirs.fileno(), write_end])
+            theirs.close()
+            os.close(write_end)
+            ours.settimeout(prefork.START_S)
+            assert ours.recv(prefork.REPLY_BYTES) == b"", trusted  # closed without a pid
+        finally:
+            ours.close()
+            os.close(read_end)
+            server.close()
+    assert not proof.exists()
+

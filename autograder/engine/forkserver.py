@@ -19,10 +19,12 @@ A request without a plan is a *trusted run* (nbgrader's run of a notebook, whose
 student code: the kernel it talks to is a sandbox of its own). Its monitor enters the jail and sets
 the rlimits as above, makes only a network namespace (loopback up where asked), and forks one
 process that runs the code as the grader's user on the grader's filesystem: what
-``sandbox.run_sandboxed`` gives a process it starts without a view, less the imports.
+``sandbox.run_sandboxed`` gives a process it starts without a view, less the imports. A server is
+started for one kind (``sandboxes`` or ``trusted``) and drops every request of the other, whoever
+hands it one: a launcher's request relayed to the kernels' server never runs as the grader.
 
 The server never runs student code; only the child does, after every step above. It is run as a
-script (``python -P forkserver.py FD PRELOAD...``) so that nothing of the grader's package is
+script (``python -P forkserver.py FD KIND PRELOAD...``) so that nothing of the grader's package is
 imported in it: what the child finds on ``sys.path`` is what its sandbox shows. Run as root it
 mounts in the namespaces it makes and the child drops to a real uid 65534; run as any other user
 the monitor also makes a user namespace that maps that user to uid 65534 inside, as bubblewrap's
@@ -471,9 +473,12 @@ def _run(run: dict) -> int:
     return code & 0xFF
 
 
+# What a server serves: sandboxes (a request with a plan) or trusted runs (a request without).
+KINDS = ("sandboxes", "trusted")
+
 # ---- the server -----------------------------------------------------------------------------
 
-def serve(control: socket.socket) -> None:
+def serve(control: socket.socket, trusted: bool) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     while True:
         try:
@@ -482,11 +487,11 @@ def serve(control: socket.socket) -> None:
             return
         if not message:
             return
-        if len(fds) not in (2, 3):
-            for fd in fds:
+        spec = _request(message)
+        if len(fds) not in (2, 3) or spec is None or (spec["plan"] is None) != trusted:
+            for fd in fds:  # the requester sees its reply socket close without a pid
                 os.close(fd)
             continue
-        spec = json.loads(message)
         reply, out, netns = socket.socket(fileno=fds[0]), fds[1], (fds[2] if len(fds) == 3 else None)
         if os.fork() == 0:
             control.close()
@@ -502,17 +507,28 @@ def serve(control: socket.socket) -> None:
             os.close(netns)
 
 
+def _request(message: bytes) -> dict | None:
+    try:
+        spec = json.loads(message)
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and "plan" in spec else None
+
+
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
+    if argv[1] not in KINDS:
+        raise SystemExit(f"the second argument is the kind of requests served: {' or '.join(KINDS)}")
+    trusted = argv[1] == "trusted"
     _name(NAMES["server"])
-    for name in argv[1:]:
+    for name in argv[2:]:
         importlib.import_module(name)
     gc.collect()
     gc.freeze()  # what the imports made stays put: the forks share those pages instead of copying them
     problem = _probe()
     control.send(b"ready" if problem is None else f"unable: {problem}".encode())
     if problem is None:
-        serve(control)
+        serve(control, trusted)
 
 
 def _probe() -> str | None:

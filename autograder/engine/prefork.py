@@ -167,7 +167,7 @@ class ForkServer:
         errors = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
-                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), *preload], env=env, cwd="/",
+                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), "trusted" if trusted else "sandboxes", *preload], env=env, cwd="/",
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=errors, start_new_session=True)
         finally:
