@@ -91,28 +91,18 @@ def adamw_foreach(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta
 
 
 @triton.jit
-def _fused_adamw_kernel(param_addrs, grad_addrs, exp_avg_addrs, exp_avg_sq_addrs, master_addrs, numels,
-                        chunk_tensor, chunk_start, step, lr, beta1, beta2, eps, weight_decay,
-                        PARAM_DTYPE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr):
-    """One program updates BLOCK elements (from ``chunk_start[pid]``) of tensor ``chunk_tensor[pid]``."""
+def _adamw_chunk(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, mask, step, lr, beta1, beta2, eps, weight_decay,
+                 PARAM_DTYPE: tl.constexpr, HAS_MASTER: tl.constexpr):
+    """AdamW on elements ``offs`` of one tensor: those where ``mask`` holds, or all of them (None).
+    Lanes outside the mask are loaded as anything and never stored: they need no fill value."""
     ### BEGIN SOLUTION
-    pid = tl.program_id(0)
-    t = tl.load(chunk_tensor + pid)
-    offs = tl.load(chunk_start + pid) + tl.arange(0, BLOCK)
-    mask = offs < tl.load(numels + t)
-    # The tables hold raw addresses: the cast gives them back their element type.
-    p_ptr = tl.load(param_addrs + t).to(tl.pointer_type(PARAM_DTYPE))
-    g_ptr = tl.load(grad_addrs + t).to(tl.pointer_type(PARAM_DTYPE))
-    m_ptr = tl.load(exp_avg_addrs + t).to(tl.pointer_type(tl.float32))
-    v_ptr = tl.load(exp_avg_sq_addrs + t).to(tl.pointer_type(tl.float32))
     if HAS_MASTER:
-        w_ptr = tl.load(master_addrs + t).to(tl.pointer_type(tl.float32))
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        w = tl.load(w_ptr + offs, mask=mask)
     else:
-        w = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        w = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
+    m = tl.load(m_ptr + offs, mask=mask)
+    v = tl.load(v_ptr + offs, mask=mask)
 
     # Every program recomputes beta**step from the step count: two scalar ops beat a host round trip.
     bc1 = 1 - tl.exp2(step * tl.log2(beta1))
@@ -131,13 +121,54 @@ def _fused_adamw_kernel(param_addrs, grad_addrs, exp_avg_addrs, exp_avg_sq_addrs
     ### END SOLUTION
 
 
+@triton.jit
+def _fused_adamw_kernel(param_addrs, grad_addrs, exp_avg_addrs, exp_avg_sq_addrs, master_addrs, numels,
+                        chunk_tensor, chunk_start, step, lr, beta1, beta2, eps, weight_decay,
+                        PARAM_DTYPE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr,
+                        ALIGNED: tl.constexpr = False):
+    """One program updates BLOCK elements (from ``chunk_start[pid]``) of tensor ``chunk_tensor[pid]``.
+    ``ALIGNED``: the launcher found every address in the tables a multiple of 16 bytes. Without it
+    the arguments are lab 04's."""
+    ### BEGIN SOLUTION
+    pid = tl.program_id(0)
+    t = tl.load(chunk_tensor + pid)
+    start = tl.load(chunk_start + pid)
+    n = tl.load(numels + t)
+    # The tables hold raw addresses: the cast gives them back their element type.
+    p_ptr = tl.load(param_addrs + t).to(tl.pointer_type(PARAM_DTYPE))
+    g_ptr = tl.load(grad_addrs + t).to(tl.pointer_type(PARAM_DTYPE))
+    m_ptr = tl.load(exp_avg_addrs + t).to(tl.pointer_type(tl.float32))
+    v_ptr = tl.load(exp_avg_sq_addrs + t).to(tl.pointer_type(tl.float32))
+    w_ptr = tl.load(master_addrs + t).to(tl.pointer_type(tl.float32))
+    if ALIGNED:
+        # Addresses read from memory carry no alignment the compiler can see: without these hints
+        # every access is a 4-byte scalar one; with them, whole chunks move as 16-byte vectors.
+        p_ptr = tl.multiple_of(p_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        m_ptr = tl.multiple_of(m_ptr, 16)
+        v_ptr = tl.multiple_of(v_ptr, 16)
+        w_ptr = tl.multiple_of(w_ptr, 16)
+        start = tl.multiple_of(start, BLOCK)
+    offs = start + tl.arange(0, BLOCK)
+    # Every chunk but a tensor's last is whole: no mask there, which a vector access needs.
+    if start + BLOCK <= n:
+        _adamw_chunk(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, None, step, lr, beta1, beta2, eps, weight_decay,
+                     PARAM_DTYPE, HAS_MASTER)
+    else:
+        _adamw_chunk(p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, offs, offs < n, step, lr, beta1, beta2, eps,
+                     weight_decay, PARAM_DTYPE, HAS_MASTER)
+    ### END SOLUTION
+
+
 class MultiTensorTable(NamedTuple):
-    """Device tables of one launch: ``addrs[k][t]`` is the address of tensor t of list k."""
+    """Device tables of one launch: ``addrs[k][t]`` is the address of tensor t of list k; ``aligned``:
+    every one of them is a multiple of 16 bytes (PyTorch's allocations are; a view may not be)."""
     addrs: list[torch.Tensor]
     numels: torch.Tensor
     chunk_tensor: torch.Tensor
     chunk_start: torch.Tensor
     n_chunks: int
+    aligned: bool
 
 
 # The tables of recent launches, by what they hold. A table is a pure function of (device, block,
@@ -183,7 +214,7 @@ def _build_table(ptrs: list[int], numels: list[int], n_lists: int, block: int, d
     if dev.type == "cuda":
         host = host.pin_memory()  # a copy from pinned memory needs no host sync
     parts = host.to(dev, non_blocking=True).split([n] * (n_lists + 1) + [n_chunks] * 2)
-    return MultiTensorTable(list(parts[:n_lists]), *parts[n_lists:], n_chunks)
+    return MultiTensorTable(list(parts[:n_lists]), *parts[n_lists:], n_chunks, all(p % 16 == 0 for p in ptrs))
 
 
 def _validate_fused(params, grads, exp_avgs, exp_avg_sqs, masters) -> None:
@@ -217,8 +248,8 @@ def default_config(capability: int | None) -> dict[str, int]:
 def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta2, eps, weight_decay,
                 masters=None, kernel=None, block=None) -> int:
     """AdamW as one Triton launch per (param dtype, has master) group; returns the number of launches.
-    ``kernel`` replaces ``_fused_adamw_kernel`` (same arguments); ``block`` is the elements per program
-    (``default_config``'s by default)."""
+    ``kernel`` replaces ``_fused_adamw_kernel`` and gets lab 04's arguments (all but ``ALIGNED``);
+    ``block`` is the elements per program (``default_config``'s by default)."""
     masters, _, _ = _prepare(params, grads, exp_avgs, exp_avg_sqs, masters, step, beta1, beta2)
     _validate_fused(params, grads, exp_avgs, exp_avg_sqs, masters)
     config = default_config(device.capability(params[0]) if params else None)
@@ -231,11 +262,12 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta2,
         table = multi_tensor_table(lists if has_master else lists[:4], block)
         if table.n_chunks == 0:
             continue
+        own = {"ALIGNED": table.aligned} if kernel is None else {}
         # Without masters the param table stands in for the master one, which the kernel then ignores.
         (kernel or _fused_adamw_kernel)[(table.n_chunks,)](
             *table.addrs[:4], table.addrs[4 if has_master else 0], table.numels, table.chunk_tensor,
             table.chunk_start, int(step), float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block,
+            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block, **own,
             num_warps=config["num_warps"], num_stages=config["num_stages"])
         launches += 1
     return launches
@@ -320,10 +352,10 @@ class AdamW(torch.optim.Optimizer):
 
 
 def compiled(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bool = False, *, kernel=None,
-             block: int | None = None):
-    """Triton's compiled fused kernel (or ``kernel``, same arguments) for an NVIDIA GPU of
+             block: int | None = None, aligned: bool = True):
+    """Triton's compiled fused kernel (or ``kernel``, lab 04's arguments) for an NVIDIA GPU of
     ``capability``, no GPU needed, at ``default_config(capability)`` (``block`` overrides its block):
-    what ``fused_adamw`` launches there."""
+    what ``fused_adamw`` launches there, on tensors PyTorch allocated unless ``aligned`` is False."""
     if dtype not in _TL_DTYPES:
         raise ValueError(f"dtype must be one of {list(_TL_DTYPES)}, got {dtype}")
     config = default_config(capability)
@@ -331,14 +363,16 @@ def compiled(capability: int = 90, dtype: torch.dtype = torch.float32, has_maste
     names = _fused_adamw_kernel.fn.__code__.co_varnames
     signature = {**dict.fromkeys(names[:8], "*i64"), "step": "i32", **dict.fromkeys(names[9:14], "fp32")}
     constexprs = {"PARAM_DTYPE": _TL_DTYPES[dtype], "HAS_MASTER": has_master, "BLOCK": block or config["block"]}
+    if kernel is None:
+        constexprs["ALIGNED"] = aligned
     return triton_aot.compile_kernel(kernel or _fused_adamw_kernel, signature, constexprs, capability=capability,
                                      num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
 def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bool = False, *, kernel=None,
-        block: int | None = None) -> str:
+        block: int | None = None, aligned: bool = True) -> str:
     """PTX of ``compiled(...)``."""
-    return compiled(capability, dtype, has_master, kernel=kernel, block=block).asm["ptx"]
+    return compiled(capability, dtype, has_master, kernel=kernel, block=block, aligned=aligned).asm["ptx"]
 
 
 def adamw_bytes(numel: int, param_dtype: torch.dtype, has_master: bool) -> int:

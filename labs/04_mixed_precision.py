@@ -819,6 +819,14 @@ assert _launches(40) == [1, 1, 1], f"launches per step with 40 tensors: {_launch
 # price of multi-tensor apply shows in it: a pointer read from a table carries no alignment the
 # compiler can prove, so the data loads are scalar (`ld.global.b32`), not the 128-bit vector loads
 # a kernel over one contiguous buffer gets.
+#
+# The package's own kernel wins them back in two steps. The launcher checks that every address
+# in the tables is a multiple of 16 bytes (PyTorch's allocations are; a view into a larger tensor
+# may not be) and passes that as a constexpr; the kernel then vouches for it with
+# `tl.multiple_of(ptr, 16)`. And since a mask that varies inside a vector forces scalar accesses,
+# every chunk but a tensor's last takes a branch without one. On sm_90 that makes every access
+# of a whole chunk a 16-byte `ld.global.v4.b32` / `st.global.v4.b32`. A wrong promise is worse
+# than none: a vector access to a misaligned address faults, hence the check on the host.
 
 # %%
 print(triton_aot.ptx_summary(optim.ptx(90, kernel=fused_adamw_kernel)))

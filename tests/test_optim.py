@@ -87,6 +87,29 @@ def test_many_small_tensors_match_torch(impl):
 
 
 @pytest.mark.interpret
+def test_views_off_a_16_byte_boundary_match_torch():
+    # Parameters and gradients as views of flat buffers, starting one element in: their addresses
+    # are 4 bytes past a 16-byte boundary, so the table says so and the kernel takes no vector path.
+    starts = [1 + sum(torch.Size(s).numel() for s in RAGGED[:i]) for i in range(len(RAGGED))]
+
+    def views(tensors):
+        flat = torch.zeros(1 + sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=DEV)
+        out = [flat[a:a + t.numel()].view(t.shape) for a, t in zip(starts, tensors)]
+        for o, t in zip(out, tensors):
+            o.copy_(t)
+        return out
+
+    params = views([checks.randn(s, seed=i, device=DEV) for i, s in enumerate(RAGGED)])
+    moments = [[torch.zeros(s, device=DEV) for s in RAGGED] for _ in range(2)]
+    assert not optim.multi_tensor_table([params, params, *moments], BLOCK).aligned
+    for step in range(1, 4):
+        assert _fused(params, views(_grads(RAGGED, step)), *moments, step, **HYPER) == 1
+    theirs = _torch_adamw(RAGGED, 3)
+    _assert_all_close(params, theirs["param"], "param")
+    _assert_all_close(moments[1], theirs["exp_avg_sq"], "exp_avg_sq")
+
+
+@pytest.mark.interpret
 def test_one_launch_per_step_whatever_the_number_of_tensors():
     for n in (10, 100):
         _, launches = _ours("fused", MANY[:n], 2)
@@ -225,6 +248,13 @@ def test_multi_tensor_table_chunks_ragged_tensors():
     assert table.n_chunks == 7
     for t in (*table.addrs, table.numels, table.chunk_tensor, table.chunk_start):
         assert t.dtype == torch.int64 and t.device.type == DEV
+
+
+def test_a_table_says_whether_every_address_is_16_byte_aligned():
+    whole = [torch.zeros(n, device=DEV) for n in (3, 9)]
+    assert whole[0].data_ptr() % 16 == whole[1].data_ptr() % 16 == 0
+    assert optim.multi_tensor_table([whole, whole], 4).aligned
+    assert not optim.multi_tensor_table([whole, [whole[0], whole[1][1:4]]], 4).aligned
 
 
 def test_a_table_is_reused_for_the_same_tensors_and_rebuilt_for_others():

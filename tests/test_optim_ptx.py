@@ -27,6 +27,19 @@ def test_master_adds_a_store_and_params_move_as_16_bit(dtype):
         assert "st.global.b16" in ptx and "ld.global.b16" in ptx
 
 
+@pytest.mark.parametrize("capability", [80, 90])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_chunks_move_as_16_byte_vectors_when_the_addresses_are_aligned(capability, dtype):
+    aligned, general = optim.ptx(capability, dtype, True), optim.ptx(capability, dtype, True, aligned=False)
+    # 1024 elements on 4 warps: 8 a thread, two 16-byte vectors of fp32, one of a 16-bit dtype.
+    # Read: master, m, v (fp32) and the grad; written: m, v, master and the param.
+    expected = 3 * 2 + (2 if dtype == torch.float32 else 1)
+    assert aligned.count("ld.global.v4.b32") == aligned.count("st.global.v4.b32") == expected
+    # Without the alignment the launcher vouches for, the compiler sees none in an address read
+    # from a table: every access is a scalar one.
+    assert ".v4." not in general and ".v2." not in general
+
+
 @pytest.mark.interpret
 def test_kernel_compiles_after_running_under_the_interpreter():
     params = [checks.randn(5, 7), checks.randn(300)]
