@@ -5,7 +5,8 @@ On a GPU host, within a budget of ten minutes:
 1. the GPU tests: the ``gpu``-marked ones and the kernel tests, which pick the GPU when there is one
    (when pytest is installed; a GPU image may lack it, which is said);
 2. the GPU spec of every technique benchmark (``benchmarks/<name>.py``: rows with hardware
-   columns in ``benchmarks/results/<name>.csv``), the labs' headline kernels first;
+   columns in ``benchmarks/results/<name>.csv``), the labs' headline kernels first, as many as the
+   budget leaves time for (on an H200 all of them take more than one budget);
 3. a calibration of the speed thresholds of this GPU's grading profile: every speed item of the
    profile graded on the instructor's reference solution, several times, and a proposed
    ``min_speedup`` a stated margin below the median speedup, written to

@@ -262,12 +262,12 @@ def fused_adamw(params, grads, exp_avgs, exp_avg_sqs, step, *, lr, beta1, beta2,
         table = multi_tensor_table(lists if has_master else lists[:4], block)
         if table.n_chunks == 0:
             continue
-        own = {"ALIGNED": table.aligned} if kernel is None else {}
+        alignment = {"ALIGNED": table.aligned} if kernel is None else {}
         # Without masters the param table stands in for the master one, which the kernel then ignores.
         (kernel or _fused_adamw_kernel)[(table.n_chunks,)](
             *table.addrs[:4], table.addrs[4 if has_master else 0], table.numels, table.chunk_tensor,
             table.chunk_start, int(step), float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block, **own,
+            PARAM_DTYPE=_TL_DTYPES[dtype], HAS_MASTER=has_master, BLOCK=block, **alignment,
             num_warps=config["num_warps"], num_stages=config["num_stages"])
         launches += 1
     return launches

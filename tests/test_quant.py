@@ -425,7 +425,8 @@ task = quant.make_task(0, n_train=300, n_test=100)
 model = quant.make_model(0)
 quant.accuracy(quant.ptq(model, 4, task.train[0]), task.test)
 quant.accuracy(quant.qat(model, 4, 3, task.train, fake_quant=quant.round_to_grid), task.test)
-for call in (lambda: quant.quantize_per_channel_ref(w), lambda: quant.int8_matmul(*(t.to(dev) for t in (a_q, a_scale, q, scale))),
+for call in (lambda: quant.quantize_per_channel_ref(w),
+             lambda: quant.int8_matmul(*(t.to(dev) for t in (a_q, a_scale, q, scale))),
              lambda: quant.qat(model, 4, 1, task.train)):
     try:
         call()

@@ -185,4 +185,3 @@ def test_a_server_drops_a_request_of_the_other_kind_handed_to_it_directly(tmp_pa
             os.close(read_end)
             server.close()
     assert not proof.exists()
-

@@ -473,10 +473,11 @@ def _run(run: dict) -> int:
     return code & 0xFF
 
 
-# What a server serves: sandboxes (a request with a plan) or trusted runs (a request without).
-KINDS = ("sandboxes", "trusted")
-
 # ---- the server -----------------------------------------------------------------------------
+
+# What a server serves: sandboxes (a request with a plan) or trusted runs (a request without).
+SANDBOXES, TRUSTED = KINDS = ("sandboxes", "trusted")
+
 
 def serve(control: socket.socket, trusted: bool) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
@@ -519,7 +520,7 @@ def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
     if argv[1] not in KINDS:
         raise SystemExit(f"the second argument is the kind of requests served: {' or '.join(KINDS)}")
-    trusted = argv[1] == "trusted"
+    trusted = argv[1] == TRUSTED
     _name(NAMES["server"])
     for name in argv[2:]:
         importlib.import_module(name)

@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from autograder.engine import bwrap
+from autograder.engine.forkserver import SANDBOXES, TRUSTED
 
 SCRIPT = str(Path(__file__).with_name("forkserver.py"))
 # What every grading child imports before any of the course: torch (about 2 s on a 2-core
@@ -167,8 +168,8 @@ class ForkServer:
         errors = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
-                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), "trusted" if trusted else "sandboxes", *preload], env=env, cwd="/",
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [bwrap.PYTHON, "-P", SCRIPT, str(theirs.fileno()), TRUSTED if trusted else SANDBOXES, *preload],
+                env=env, cwd="/", pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=errors, start_new_session=True)
         finally:
             theirs.close()
