@@ -7,7 +7,8 @@ namespaces, an unprivileged uid, and a root filesystem built from nothing but
   ``fastdl_lab`` in site-packages is hidden under an empty directory);
 - the read-only folders the caller names (the *student* copy of the package, the grader's own
   driver code);
-- one private, writable work directory, ``/job``;
+- one private, writable work directory, ``/job``: for student code a capped tmpfs holding the
+  grader's files for it read-only in ``/job/in``;
 - a private ``/tmp``, a minimal ``/dev`` (plus the NVIDIA devices on GPU hosts) and its own
   ``/proc``, in which the grader's processes do not exist.
 
@@ -65,6 +66,8 @@ MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64")
 SHM_BYTES = 1 << 30
 # The sandbox's /tmp (compiler scratch files, Triton's build folder).
 TMP_BYTES = 1 << 30
+# The /job of a sandbox that runs student code (``View.job_bytes``): its home and caches.
+JOB_BYTES = 1 << 30
 # The interpreter as the sandbox sees it: a path with ".." through folders it lacks would not resolve.
 PYTHON = os.path.normpath(os.path.abspath(sys.executable))
 
@@ -82,8 +85,17 @@ class View:
     # host folder -> path inside its private /tmp, writable; the folders on the way there are
     # made world-writable and sticky, as /tmp is. A read-only file may be bound inside one.
     scratch: dict[str, str] = field(default_factory=dict)
+    # Folders made writable (world-writable and sticky, as /tmp is) inside the private /tmp, in its
+    # capped tmpfs; a read-only file may be bound inside one.
+    tmp_dirs: tuple[str, ...] = ()
     network: bool = False  # share the caller's network namespace (a kernel nbgrader talks to)
     gpu: bool = False
+    # With a size, ``/job`` is a tmpfs of that many bytes, and ``workdir`` is shown read-only inside
+    # it as ``/job/<job_in>``: what the sandbox writes is capped, stays in memory its cgroup counts,
+    # and never reaches the host's disk. Without one, ``workdir`` itself is ``/job``, writable (for
+    # the grader's own trusted builds, which keep what they make).
+    job_bytes: int | None = None
+    job_in: str = "in"
 
 
 def _python_paths() -> list[str]:
@@ -149,13 +161,22 @@ def plan(view: View) -> list[list]:
             raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
         ops += _dir_ops(inside, made, "01777") + [["bind", host, inside]]
         made.add(inside)
+    for inside in view.tmp_dirs:
+        if not inside.startswith("/tmp/"):
+            raise ValueError(f"{inside}: a scratch folder lives in the sandbox's /tmp")
+        ops += _dir_ops(inside, made, "01777") + [["dir", inside, "01777"]]
+        made.add(inside)
     for path in _python_paths():
         ops += _dir_ops(path, made) + [["ro-bind", path, path]]
     for host, inside in view.read_only.items():
         ops += _dir_ops(inside, made) + [["ro-bind", host, inside]]
     for path in _hidden_full_package():
         ops.append(["tmpfs", path, None, None])
-    ops.append(["bind", view.workdir, JOB])
+    if view.job_bytes:
+        ops.append(["tmpfs", JOB, "01777", view.job_bytes])
+        ops.append(["ro-bind", view.workdir, f"{JOB}/{view.job_in}"])
+    else:
+        ops.append(["bind", view.workdir, JOB])
     if view.gpu:
         ops += [["dev-bind", dev, dev] for dev in sorted(glob.glob("/dev/nvidia*"))]
     return ops

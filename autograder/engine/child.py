@@ -1,40 +1,42 @@
-"""Entry point of a sandboxed grading child: ``python -m autograder.engine.child /job``.
+"""Entry point of a sandboxed grading child: ``python -m autograder.engine.child /job/in``.
 
-The parent wrote ``job.json`` and ``inputs.pt`` into the work directory, plus either
+The grader made ``/job/in`` (read-only here): ``job.json``, ``inputs.wire`` (the item's inputs in the
+data-only format, less what the item withholds), the channel's socket (``channel.py``) and either
 
-- ``kernels.py``: the student's ``@triton.jit`` functions and constants, extracted by the parent
+- ``kernels.py``: the student's ``@triton.jit`` functions and constants, extracted by the grader
   (``kernels.py`` of the engine). No other student code exists in this process. Under the Triton
   interpreter each kernel is compiled ahead of time for sm_90 before its first launch, which
   proves its body is Triton and not Python in disguise; or
-- ``artefacts.py``: the student's classes and functions, screened and extracted by the parent
-  (``artefacts.py`` of the engine), run in the names the item's trusted ``scope`` imports and with
-  a restricted set of builtins, every attribute read checked and unpickling narrowed
-  (``reach.py``), with or without kernels beside them; or
-- one file per solution cell, executed after the lab preamble (Python items). The instruments
-  the item names are bound before the cells run and checked afterwards: a replaced one ends the
-  run as ``tampered``.
+- ``artefacts.py``: the student's classes and functions, screened and extracted by the grader
+  (``artefacts.py`` of the engine), run in the names the item's trusted ``scope`` imports, with
+  or without kernels beside them; or
+- one file per solution cell, executed after the lab preamble.
 
-Then it runs the item's ``drive`` once (mode "check"), or times the item's candidate against its
-baseline with ``fastdl_lab.timing.compare`` (mode "speed"; only kernel items are timed, so only
-trusted Python runs while the clock does, or extracted artefacts), and hands the outputs to the
-parent as ``delivery.py`` says: written once, announced with their digest.
+In a *reference* child (``job["reference"]``) none of these exist: the item's ``reference``
+builds the namespace from the course's own code, and the child is trusted.
 
-In mode "speed" the timing module and the clocks it reads are bound before any student code
-exists here and verified unchanged before and after the timed phase (a replaced one is
-``tampered``); the phase's start and end are announced on stdout (``speed.marker``) so the parent
-clocks it too and can refuse samples its own clock contradicts (``speed.cross_check``).
+The runner connects to the grader before any student code exists, then runs the item's ``drive``
+once and sends its outputs (mode "check"); times a kernel item's candidate against its baseline
+with ``fastdl_lab.timing.compare`` and marks the timed phase for the grader's clock (mode "speed");
+or answers the grader's calls one by one, each timed by the grader (mode "session").
+
+**Once student code is loaded, nothing here is trusted.** The grader takes what comes back as data
+and checks it: values against references it computes itself, figures against what it measured
+from outside (the cgroup's memory peak, its own clock, the traffic of its services). The
+instruments an item names (bound before the cells run, verified after) and the artefact screen
+are a second line that names a crude tampering, never what a grade rests on. Only a kernel item,
+where no student Python exists, is timed in this process.
 """
 
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import sys
-import traceback
 
 ERROR_CHARS = 2000
+INPUTS = "inputs.wire"
 # The timing harness's own functions and the clocks it bound at import (timing.INSTRUMENTS names
 # the library attributes they came from).
 TIMING_FUNCTIONS = ("compare", "_measure", "_num_threads", "_warm_up", "_batch_size", "_flusher", "_host_sample",
@@ -115,26 +117,26 @@ def _exec_file(path: str, ns: dict) -> None:
     exec(compile(source, path, "exec"), ns)
 
 
-def _namespace(job: dict, workdir: str, library: str) -> dict:
+def _namespace(job: dict, jobdir: str, library: str) -> dict:
     if job.get("kernel_module") or job.get("artefact_module"):
         ns: dict = {"__name__": "student_kernels"}
         if job.get("kernel_module"):
-            _exec_file(os.path.join(workdir, job["kernel_module"]), ns)
+            _exec_file(os.path.join(jobdir, job["kernel_module"]), ns)
             from fastdl_lab import device
 
             if device.interpreting():
                 _prove_kernels_compile(ns)
         if job.get("artefact_module"):
-            return _artefact_namespace(job, workdir, kernels=ns, library=library)
+            return _artefact_namespace(job, jobdir, kernels=ns, library=library)
         return ns
     ns = {"__name__": "__main__"}
-    exec(compile(job["preamble"], os.path.join(workdir, "preamble.py"), "exec"), ns)
+    exec(compile(job["preamble"], os.path.join(jobdir, "preamble.py"), "exec"), ns)
     for cell in job["cells"]:
-        _exec_file(os.path.join(workdir, cell["file"]), ns)
+        _exec_file(os.path.join(jobdir, cell["file"]), ns)
     return ns
 
 
-def _artefact_namespace(job: dict, workdir: str, kernels: dict, library: str) -> dict:
+def _artefact_namespace(job: dict, jobdir: str, kernels: dict, library: str) -> dict:
     """The student's screened classes and functions, in a namespace of their own: the scope's
     names, the kernels and constants, the safe builtins and the guard every attribute read goes
     through (``reach.py``). Kernels keep their own globals (with Python's builtins, which Triton's
@@ -144,13 +146,13 @@ def _artefact_namespace(job: dict, workdir: str, kernels: dict, library: str) ->
     from autograder.engine import reach
 
     ns: dict = {"__name__": "student_artefacts"}
-    exec(compile(job["scope"], os.path.join(workdir, "scope.py"), "exec"), ns)
+    exec(compile(job["scope"], os.path.join(jobdir, "scope.py"), "exec"), ns)
     scope_modules = frozenset(value.__name__ for value in ns.values() if isinstance(value, ModuleType))
     ns.update({name: value for name, value in kernels.items() if not name.startswith("__")})
     # Functions capture the builtins of the namespace they are defined in.
     ns["__builtins__"] = reach.extracted_builtins(scope_modules)
     reach.refuse_unpickling(library)
-    _exec_file(os.path.join(workdir, job["artefact_module"]), ns)
+    _exec_file(os.path.join(jobdir, job["artefact_module"]), ns)
     return ns
 
 
@@ -158,16 +160,6 @@ def _speed_instruments() -> tuple[str, ...]:
     from fastdl_lab import timing
 
     return tuple(f"fastdl_lab.timing.{name}" for name in TIMING_FUNCTIONS) + timing.INSTRUMENTS
-
-
-def _announcer():
-    """Writes the phase markers straight to the output pipe with functions bound now, before
-    student code could replace them; the newline first ends any line left unfinished."""
-    from autograder.engine import speed
-
-    write = os.write
-    markers = {phase: b"\n" + speed.marker(phase) for phase in speed.PHASES}
-    return lambda phase: write(1, markers[phase])
 
 
 def _timed(item, ns: dict, inputs: dict, params: dict, compare, announce) -> dict:
@@ -188,62 +180,99 @@ def _timed(item, ns: dict, inputs: dict, params: dict, compare, announce) -> dic
             "baseline_batch": cmp.baseline.batch}
 
 
-def _write_error(workdir: str, status: str, exc: BaseException) -> None:
+def _job_file(jobdir: str, name: str) -> str:
+    return os.path.join(jobdir, name)
+
+
+def _reference_namespace(item, inputs: dict) -> dict:
+    """A trusted child: the course's own implementation under the names the student's would have."""
+    if item.reference is None:
+        raise RuntimeError(f"item {item.name} has no reference implementation to run")
+    return item.reference(inputs)
+
+
+def _serve(item, ns: dict, inputs: dict, link, reference: bool) -> None:
+    """Mode "session": answer the grader's calls until it says it is done. Each call's inputs arrive
+    with it (the grader made them and the child has not seen them), and the grader times the call
+    from its request to this result."""
+    from fastdl_lab import device
+
+    clocked = item.clocked
+    run = (clocked.baseline if reference else clocked.candidate)(ns, inputs)
+    while True:
+        request = link.next_request()
+        if request is None:
+            return
+        try:
+            value = run(request.get("args", {}))
+            device.synchronize()
+            link.send("result", value=value)
+        except Exception as exc:  # noqa: BLE001 - the call's failure is the grader's to judge
+            link.send("result", error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
+
+
+def _report(link, status: str, exc: BaseException) -> None:
     summary = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
-    with open(os.path.join(workdir, "error.json"), "w") as f:
-        json.dump({"status": status, "error": summary, "traceback": traceback.format_exc()[-4000:]}, f)
     print(summary, file=sys.stderr)
+    try:
+        link.send("error", status=status, error=summary)
+    except OSError:
+        pass
 
 
-def main(workdir: str) -> int:
-    with open(os.path.join(workdir, "job.json")) as f:
+def main(jobdir: str) -> int:
+    from autograder.engine import channel
+
+    link = channel.Link(_job_file(jobdir, channel.SOCKET))  # before any student code exists here
+    channel.child_link = link
+    with open(_job_file(jobdir, "job.json")) as f:
         job = json.load(f)
-    import torch
-
-    from autograder.engine import delivery
+    from autograder import wire
     from autograder.engine.items import lab_spec
 
-    deliver = delivery.writer()  # bound before any student code exists in this process
-
     item = lab_spec(job["lab"]).item(job["item"])
-    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
-    speed = job["mode"] == "speed"
-    if speed:
+    inputs = wire.load(_job_file(jobdir, INPUTS), cap=1 << 40)
+    mode, reference = job["mode"], bool(job.get("reference"))
+    if mode == "speed":
         from fastdl_lab import timing
 
-        compare, announce = timing.compare, _announcer()
+        compare = timing.compare
+
+        def announce(phase: str) -> None:
+            link.send("mark", phase=phase)
     if job.get("triton_key"):
         _reuse_triton_key(job["triton_key"])
-    instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if speed else ()))
+    instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if mode == "speed" else ()))
     try:
-        ns = _namespace(job, workdir, item.library)
-        if speed:
+        ns = _reference_namespace(item, inputs) if reference else _namespace(job, jobdir, item.library)
+        if mode == "speed":
             instruments.verify()  # before the clock starts: a patched clock never times anything
             outputs = _timed(item, ns, inputs, job["params"], compare, announce)
+        elif mode == "session":
+            _serve(item, ns, inputs, link, reference)
+            outputs = None
         else:
             outputs = item.drive(ns, inputs)
         instruments.verify()
     except Tampered as exc:
-        _write_error(workdir, "tampered", exc)
+        _report(link, "tampered", exc)
         return 3
     except KernelNotCompiled as exc:
-        _write_error(workdir, "not_a_kernel", exc)
+        _report(link, "not_a_kernel", exc)
         return 3
     except BaseException as exc:  # noqa: BLE001 - every failure of student code is reported
         # A replaced instrument often breaks the run it was replaced for: name the cause.
         try:
             instruments.verify()
         except Tampered as tampered:
-            _write_error(workdir, "tampered", tampered)
+            _report(link, "tampered", tampered)
             return 3
-        _write_error(workdir, "error", exc)
+        _report(link, "error", exc)
         return 3
-    saved = io.BytesIO()
-    torch.save(outputs, saved)
     try:
-        deliver(workdir, saved.getvalue())
-    except delivery.Refused as exc:
-        _write_error(workdir, "tampered", exc)
+        link.send("outputs", value=outputs)
+    except wire.WireError as exc:
+        _report(link, "error", RuntimeError(f"the outputs are not data the grader reads: {exc}"))
         return 3
     return 0
 

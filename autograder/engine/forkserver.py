@@ -316,8 +316,8 @@ def _monitor(spec: dict, reply: socket.socket, out: int, netns: int | None) -> N
     try:
         os.setsid()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if spec.get("jail"):
-            with open(os.path.join(spec["jail"], "cgroup.procs"), "w") as f:
+        for procs in spec.get("jail") or ():  # the cgroup.procs file of each of the jail's controllers
+            with open(procs, "w") as f:
                 f.write(str(os.getpid()))
         for name, value in spec["rlimits"].items():
             resource.setrlimit(getattr(resource, name), tuple(value))

@@ -2,48 +2,52 @@
 
 This process never imports or executes student code. Each item runs in a fresh sandboxed child
 (``child.py``, isolated by ``bwrap.py``): a kernel item gets only the student's ``@triton.jit``
-functions, extracted here by AST (``kernels.py``); a Python item gets its solution cells. Inputs
-come from a secret seed per student; the item's ``check`` compares the child's outputs, delivered
-once and announced with their digest (``delivery.py``), read back as capped regular files, with
-references computed here; speed items are timed inside a kernel
-child, where no student Python runs, by ``fastdl_lab.timing``.
+functions, extracted here by AST (``kernels.py``); an artefact item the screened classes and
+functions (``artefacts.py``); a Python item its solution cells. Inputs come from a secret seed per
+student and attempt, less what the item withholds, in the data-only format (``autograder.wire``);
+the child's outputs come back over its channel (``channel.py``) in the same format, and the item's
+``check`` compares them with references computed here. What an item measures about the child is
+measured from outside it: the memory peak of its cgroup (``jail.py``), this process's clock on
+each call (``Clocked`` items), the record of the services it called, a reference child's figures.
+Only kernel items, where no student Python runs, are timed inside the child (``speed.py``).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import io
+import inspect
 import json
 import os
 import shutil
-import stat
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import median
 
-import torch
-
 import autograder
-from autograder import notebook, profiles
+from autograder import notebook, profiles, wire
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, delivery, kernels, prefork, speed
-from autograder.engine.items import Item, LabSpec, Verdict
+from autograder.engine import artefacts, bwrap, channel, kernels, prefork, speed
+from autograder.engine.items import Item, LabSpec, Observed, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
 UNISOLATED = "UNSAFE, graded without isolation (--unsafe-no-isolation): "
-OUTPUTS_CAP = 2 << 30
-ERROR_CAP = 64 << 10
+# The grader's files for a child, read-only inside its /job (a capped tmpfs: ``bwrap.View``).
+JOB_IN = f"{bwrap.JOB}/in"
+INPUTS = "inputs.wire"
 # Where the grader's driver code appears inside the sandbox.
 GRADER_DIR = "/opt/fastdl/grader"
 # Where the C++ builds' shared parts (fastdl_lab.custom.pch: the precompiled tensor header and the
 # bindings' object) appear, read-only: the root of pch's folders, holding the one the grader made.
 PCH_DIR = "/opt/fastdl/pch"
+# The full package, for a reference child (trusted: the course's code and nothing else runs there).
+FULL_PACKAGE = Path(autograder.__file__).resolve().parent.parent
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Sandbox:
     profile: dict
     isolated: bool = True
     scratch: Path | None = None  # where the children's work folders are made; None: the temporary directory
+    host_only: bool = False  # an item measured on the host: no GPU in its child, even on a GPU profile
 
 
 def _digest(*parts) -> int:
@@ -85,41 +90,15 @@ def item_seed(seed: int, item: str) -> int:
     return _digest(seed, item)
 
 
-def _child_env(sandbox: Sandbox, workdir: str) -> dict[str, str]:
+def _child_env(sandbox: Sandbox, home: str) -> dict[str, str]:
     if sandbox.isolated:
         where = {"home": bwrap.JOB, "PYTHONPATH": f"{bwrap.STUDENT_DIR}:{GRADER_DIR}"}
     else:
-        where = {"home": workdir, "tmp": workdir,
+        where = {"home": home, "tmp": home,
                  "PYTHONPATH": f"{sandbox.student_package}:{Path(autograder.__file__).parent.parent}"}
-    return bwrap.environment(gpu=bool(sandbox.profile.get("gpu")), PYTHONHASHSEED="0", MPLBACKEND="Agg",
+    gpu = bool(sandbox.profile.get("gpu")) and not sandbox.host_only
+    return bwrap.environment(gpu=gpu, PYTHONHASHSEED="0", MPLBACKEND="Agg",
                              OMP_NUM_THREADS=str(sandbox.profile.get("threads", 1)), **where)
-
-
-class TooLarge(ValueError):
-    """A file a child wrote that is larger than the parent reads."""
-
-
-def read_regular(path: str, cap: int) -> bytes:
-    """A file a child wrote, read without following links or blocking, at most ``cap`` bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("a symbolic link, not a file") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if info.st_size > cap:
-            raise TooLarge(f"larger than {cap >> 20} MiB")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(cap + 1)
-    finally:
-        os.close(fd)
-    if len(data) > cap:
-        raise TooLarge(f"larger than {cap >> 20} MiB")
-    return data
 
 
 def _triton_key() -> str:
@@ -129,78 +108,48 @@ def _triton_key() -> str:
     return triton_key()
 
 
-class Undelivered(Exception):
-    """Outputs the parent will not grade: ``status`` and ``reason`` of the item's verdict."""
-
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def delivered_outputs(workdir: str, announced: list[str]):
-    """The outputs the child's trusted code delivered in ``workdir`` with the digests ``announced``
-    (``delivery.py``), or ``Undelivered``: not delivered, or too large, is ``failed``; changed or
-    replaced after delivery, ``tampered``."""
-    if not announced:
-        raise Undelivered("failed", "the code exited before the grader's code could save the outputs "
-                                    "(sys.exit or os._exit in a solution cell?)")
-    try:
-        data = read_regular(os.path.join(workdir, delivery.OUTPUTS), OUTPUTS_CAP)
-    except FileNotFoundError:
-        raise Undelivered("failed", "the outputs the grader's code saved were removed") from None
-    except TooLarge as exc:
-        raise Undelivered("failed", f"the outputs are {exc}") from None
-    except (OSError, ValueError) as exc:
-        raise Undelivered("tampered", f"the outputs the grader's code saved were replaced: {exc}") from None
-    problem = delivery.problem(announced, data)
-    if problem:
-        raise Undelivered("tampered", problem)
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - outputs of a student's types may fail to load in many ways
-        raise Undelivered("failed", f"outputs could not be read: {type(exc).__name__}: {exc}") from None
-
-
 class _Workdir:
-    """A private directory, owned by the sandboxed uid, holding one child's job and results."""
+    """The grader's folder for one child: its job, its inputs (less what the item withholds), the
+    student's extracted code and the channel's socket. The child sees it read-only, as ``/job/in``;
+    what the child writes goes to its own ``/job``, a tmpfs that ends with it."""
 
     def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
-                 params: dict, within: Path | None = None):
+                 params: dict, within: Path | None = None, reference: bool = False):
         # Only the jit functions, screened classes and functions, and constants of an extracted
         # item's cells reach the child; a rejected one raises here, before anything is made.
-        sources = [cells[c] for c in item.cells]
-        kernel_source = kernels.extract(sources, item.kernels) if item.kernels else None
-        artefact_source = artefacts.extract(sources, item.artefacts, item.library) if item.artefacts else None
+        sources = [] if reference else [cells[c] for c in item.cells]
+        kernel_source = kernels.extract(sources, item.kernels) if item.kernels and not reference else None
+        artefact_source = (artefacts.extract(sources, item.artefacts, item.library)
+                           if item.artefacts and not reference else None)
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-", dir=within)
+        self.home = os.path.join(self.path, "home")  # the child's writable folder when run without a sandbox
         self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
-                    "params": params, "instruments": list(item.instruments)}
+                    "params": params, "instruments": list(item.instruments), "reference": reference}
         if kernel_source is not None:
-            Path(self.path, "kernels.py").write_text(kernel_source)
+            self._write("kernels.py", kernel_source)
             self.job.update(kernel_module="kernels.py", triton_key=_triton_key())
         if artefact_source is not None:
-            Path(self.path, "artefacts.py").write_text(artefact_source)
+            self._write("artefacts.py", artefact_source)
             self.job.update(artefact_module="artefacts.py", scope=item.scope,
                             instruments=[*self.job["instruments"], *artefacts.GRAD_DESCRIPTORS])
-        if kernel_source is None and artefact_source is None:
+        if kernel_source is None and artefact_source is None and not reference:
             for i, cell_id in enumerate(item.cells):
                 name = f"cell_{i}_{cell_id}.py"
-                Path(self.path, name).write_text(cells[cell_id])
+                self._write(name, cells[cell_id])
                 self.job["cells"].append({"id": cell_id, "file": name})
-        Path(self.path, "job.json").write_text(json.dumps(self.job))
-        torch.save(inputs, os.path.join(self.path, "inputs.pt"))
-        bwrap.prepare_workdir(self.path)
+        if reference and item.kernels:
+            self.job["triton_key"] = _triton_key()
+        self._write("job.json", json.dumps(self.job))
+        sent = {key: value for key, value in inputs.items() if key not in item.withheld}
+        wire.dump(sent, os.path.join(self.path, INPUTS))
+        os.chmod(os.path.join(self.path, INPUTS), 0o644)
+        # The grader's folder: readable by the sandbox's uid, writable by nobody but the grader.
+        os.chmod(self.path, 0o755)
 
-    def error(self) -> tuple[str, str] | None:
-        """(status, message) the child reported, or None."""
-        path = os.path.join(self.path, "error.json")
-        if not os.path.lexists(path):
-            return None
-        try:
-            report = json.loads(read_regular(path, ERROR_CAP))
-            status = report.get("status", "error")
-            return (status if status in ("error", "tampered", "not_a_kernel") else "error"), str(report["error"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return "error", "the child reported an error it could not describe"
+    def _write(self, name: str, text: str) -> None:
+        path = Path(self.path, name)
+        path.write_text(text)
+        path.chmod(0o644)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -217,8 +166,8 @@ def _precompiled_headers() -> Path | None:
         return None
 
 
-def _item_env(sandbox: Sandbox, workdir: str, headers: Path | None) -> dict[str, str]:
-    env = _child_env(sandbox, workdir)
+def _item_env(sandbox: Sandbox, home: str, headers: Path | None) -> dict[str, str]:
+    env = _child_env(sandbox, home)
     if headers is not None:
         from fastdl_lab.custom.pch import ENV_VAR
 
@@ -235,39 +184,93 @@ def start_fork_servers(lab: LabSpec, profile: dict) -> None:
         prefork.server_for(_item_env(sandbox, bwrap.JOB, headers), gpu=bool(profile.get("gpu")))
 
 
-def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None) -> ChildResult:
-    env = _item_env(sandbox, work.path, headers)
-    # The outputs' announcement (delivery.py) and, in mode "speed", the timed phase's markers.
-    mark = delivery.PREFIX
-    if not sandbox.isolated:
-        argv = [sys.executable, "-m", "autograder.engine.child", work.path]
-        return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, mark=mark)
-    read_only = {str(sandbox.student_package): bwrap.STUDENT_DIR,
-                 str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"}
-    if headers is not None:
-        read_only[str(headers)] = f"{PCH_DIR}/{headers.name}"
-    view = bwrap.View(work.path, read_only=read_only, gpu=bool(sandbox.profile.get("gpu")))
-    argv = [bwrap.PYTHON, "-m", "autograder.engine.child", bwrap.JOB]
-    return run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view, mark=mark,
-                         server=prefork.server_for(env, gpu=view.gpu))
+@dataclass
+class _Run:
+    """One child's end: how the process ended, and what came over its channel."""
+
+    result: ChildResult
+    received: channel.Received
+    services: dict = field(default_factory=dict)
 
 
-def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:
-    reported = work.error() if result.status == "error" else None
-    if reported:
-        status, message = reported
+def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None, *,
+               services: dict | None = None, started=None, listening=None) -> _Run:
+    """Run the child of ``work`` to its end; ``services`` answer its calls (``{name: service}``,
+    each with ``handle(**args)`` and ``record()``); ``listening(endpoint)`` is called once its
+    channel listens, ``started(jail)`` once the child runs."""
+    services = services or {}
+    endpoint = channel.Endpoint(work.path, {name: service.handle for name, service in services.items()})
+    if listening is not None:
+        listening(endpoint)
+    try:
+        gpu = bool(sandbox.profile.get("gpu")) and not sandbox.host_only
+        if not sandbox.isolated:
+            os.makedirs(work.home, exist_ok=True)
+            env = _item_env(sandbox, work.home, headers)
+            argv = [sys.executable, "-m", "autograder.engine.child", work.path]
+            result = run_sandboxed(argv, limits=limits, cwd=work.home, env=env, started=started)
+        else:
+            env = _item_env(sandbox, bwrap.JOB, headers)
+            package = FULL_PACKAGE if work.job.get("reference") else sandbox.student_package
+            read_only = {str(package): bwrap.STUDENT_DIR, str(Path(autograder.__file__).parent): f"{GRADER_DIR}/autograder"}
+            if headers is not None:
+                read_only[str(headers)] = f"{PCH_DIR}/{headers.name}"
+            view = bwrap.View(work.path, read_only=read_only, gpu=gpu, job_bytes=bwrap.JOB_BYTES)
+            argv = [bwrap.PYTHON, "-m", "autograder.engine.child", JOB_IN]
+            result = run_sandboxed(argv, limits=limits, cwd=work.path, env=env, view=view,
+                                   server=prefork.server_for(env, gpu=view.gpu), started=started)
+    finally:
+        received = endpoint.close()
+    return _Run(result, received, {name: service.record() for name, service in services.items()})
+
+
+class _Refused(Exception):
+    """What came back is not a delivery the grader grades: ``status`` and ``reason`` of the verdict."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _outputs(run: _Run):
+    """The one delivery of the child's outputs, or ``_Refused``."""
+    received = run.received
+    if received.problem:
+        raise _Refused("failed", f"the channel to the grader broke: {received.problem}")
+    if not received.outputs:
+        raise _Refused("failed", "the code ended before the grader's runner could deliver the outputs "
+                                 "(sys.exit or os._exit in a solution cell?)")
+    if len(received.outputs) > 1:
+        raise _Refused("tampered", f"outputs were delivered {len(received.outputs)} times; the grader's runner "
+                                   "delivers them once")
+    return received.outputs[0]
+
+
+def _failure(item: Item, run: _Run) -> ItemResult:
+    result = run.result
+    if result.status == "error" and run.received.errors:
+        reported = run.received.errors[0]
+        status = reported["status"] if reported["status"] in ("error", "tampered", "not_a_kernel") else "error"
+        message = reported["error"]
         if status == "error":
             message = f"your code raised {message}"
-        return ItemResult(item.name, 0.0, item.points, status, clean_reason(message))
+        return ItemResult(item.name, 0.0, item.points, status, clean_reason(message), wall_s=result.wall_s)
     reason = result.reason
     if result.status == "error":
         reason = f"{result.reason}: {result.output_tail[-200:].strip()}"
-    return ItemResult(item.name, 0.0, item.points, result.status, clean_reason(reason),
+    return ItemResult(item.name, 0.0, item.points, result.status, clean_reason(reason), wall_s=result.wall_s,
                       details={"output_tail": result.output_tail[-1000:]})
 
 
-def _judge(item: Item, inputs: dict, outputs, params: dict) -> Verdict:
+def _observed(run: _Run, reference: dict | None = None, timings: dict | None = None) -> Observed:
+    return Observed(peak_bytes=run.result.peak_bytes, peak_source=run.result.peak_source, wall_s=run.result.wall_s,
+                    services=run.services, timings=timings or {}, reference=reference or {})
+
+
+def _judge(item: Item, inputs: dict, outputs, params: dict, observed: Observed | None = None) -> Verdict:
     try:
+        if "observed" in inspect.signature(item.check).parameters:
+            return item.check(inputs, outputs, params, observed=observed or Observed())
         return item.check(inputs, outputs, params)
     except Exception as exc:  # noqa: BLE001 - outputs of the wrong type or shape end here
         return Verdict.failed(f"outputs have the wrong form: {type(exc).__name__}: {exc}")
@@ -294,6 +297,10 @@ def _item_limits(item: Item, profile: dict) -> Limits:
 def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sandbox: Sandbox) -> ItemResult:
     params = profiles.item_params(sandbox.profile, lab.name, item.name)
     inputs = item.make_inputs(item_seed(seed, item.name), params)
+    if item.host_only:
+        sandbox = replace(sandbox, host_only=True)
+    if item.clocked is not None:
+        return _grade_clocked(lab, item, cells, seed, sandbox, params, inputs)
     mode = "speed" if item.is_speed else "check"
     if mode == "speed":
         params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
@@ -304,19 +311,179 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
     except artefacts.ArtefactRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
     try:
+        reference = None
+        if item.reference_run:
+            reference = reference_figures(lab, item, params, sandbox)
+            if reference.get("status") != "ok":
+                return ItemResult(item.name, 0.0, item.points, "not_graded",
+                                  clean_reason(f"the grader's reference run failed ({reference.get('reason')}): "
+                                               "a fault of the grading machine, not of the submission"))
         headers = _precompiled_headers() if item.torch_headers else None
-        result = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers)
-        if not result.ok:
-            return _failure(item, result, work)
+        services = item.services(inputs, params) if item.services else None
+        run = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers, services=services)
+        if not run.result.ok:
+            return _failure(item, run)
         try:
-            outputs = delivered_outputs(work.path, delivery.digests(result.marks))
-        except Undelivered as exc:
-            return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason), wall_s=result.wall_s)
+            outputs = _outputs(run)
+        except _Refused as exc:
+            return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason), wall_s=run.result.wall_s)
         if mode == "check":
-            return _from_verdict(item, _judge(item, inputs, outputs, params), result.wall_s)
-        return _speed_result(item, inputs, outputs, params, sandbox.profile, speed.timing_marks(result.marks))
+            verdict = _judge(item, inputs, outputs, params, _observed(run, reference))
+            return _from_verdict(item, verdict, run.result.wall_s)
+        return _speed_result(item, inputs, outputs, params, sandbox.profile, speed.timing_marks(run.received.marks))
     finally:
         work.remove()
+
+
+# The reference child's figures per (lab, item, parameters, profile): they depend on the item's
+# sizes, never on one student's values, so one trusted run serves a grading process.
+_REFERENCE_FIGURES: dict[tuple, dict] = {}
+_REFERENCE_LOCK = threading.Lock()
+# The inputs of a reference run: any seed gives the same sizes.
+REFERENCE_SEED = 0
+
+
+def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) -> dict:
+    """What the course's own implementation measures as the item's child would (its memory peak, its
+    wall time), run once per grading process in a trusted child of the same sandbox and limits."""
+    key = (lab.name, item.name, json.dumps(params, sort_keys=True, default=str), sandbox.profile.get("name"),
+           sandbox.isolated, sandbox.host_only)
+    with _REFERENCE_LOCK:
+        if key in _REFERENCE_FIGURES:
+            return _REFERENCE_FIGURES[key]
+        inputs = item.make_inputs(REFERENCE_SEED, params)
+        work = _Workdir(lab, item, {}, inputs, mode="check", params=params, within=sandbox.scratch, reference=True)
+        try:
+            run = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
+        finally:
+            work.remove()
+        figures = {"status": run.result.status if run.result.ok and run.received.outputs else "failed",
+                   "reason": run.result.reason or "; ".join(e["error"] for e in run.received.errors)[:300],
+                   "peak_bytes": run.result.peak_bytes, "peak_source": run.result.peak_source,
+                   "wall_s": run.result.wall_s}
+        if figures["status"] == "failed" and not figures["reason"]:
+            figures["reason"] = "no outputs"
+        _REFERENCE_FIGURES[key] = figures
+        return figures
+
+
+def _freeze(jail, frozen: bool) -> None:
+    """Stop (or resume) every process of a child: its cgroup's freezer, else SIGSTOP to each."""
+    if jail is None or jail.freeze(frozen):
+        return
+    for pid in jail.pids():
+        try:
+            os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+        except OSError:
+            pass
+
+
+class _Session:
+    """One child driven call by call (mode "session"): it runs in a thread of its own, and its
+    endpoint's ``call`` times each request on the grader's clock."""
+
+    def __init__(self, work: _Workdir, limits: Limits, sandbox: Sandbox):
+        self.work, self.jail, self.run = work, None, None
+        self.endpoint: channel.Endpoint | None = None
+        self._thread = threading.Thread(target=self._main, args=(limits, sandbox), daemon=True)
+        self._thread.start()
+
+    def _main(self, limits: Limits, sandbox: Sandbox) -> None:
+        def started(jail) -> None:
+            self.jail = jail
+
+        def listening(endpoint: channel.Endpoint) -> None:
+            self.endpoint = endpoint
+
+        self.run = _run_child(self.work, limits, sandbox, started=started, listening=listening)
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether the child connected to its channel within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.endpoint is None and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        return self.endpoint is not None and self.endpoint.wait_connected(max(0.0, deadline - time.monotonic()))
+
+    def freeze(self, frozen: bool) -> None:
+        _freeze(self.jail, frozen)
+
+    def finish(self, timeout_s: float) -> "_Run | None":
+        if self.endpoint is not None:
+            self.endpoint.finish()
+        self._thread.join(timeout_s)
+        return self.run
+
+
+def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sandbox: Sandbox, params: dict,
+                   inputs: dict) -> ItemResult:
+    """A speed figure on the grader's clock (``items.Clocked``): the student's child and a reference
+    child, each driven call by call with inputs made here, the one not timed frozen."""
+    clocked = item.clocked
+    try:
+        mine = _Workdir(lab, item, cells, inputs, mode="session", params=params, within=sandbox.scratch)
+    except artefacts.ArtefactRejected as exc:
+        return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
+    except kernels.KernelRejected as exc:
+        return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
+    theirs = _Workdir(lab, item, {}, inputs, mode="session", params=params, within=sandbox.scratch, reference=True)
+    limits = _item_limits(item, sandbox.profile)
+    sides = {"candidate": _Session(mine, limits, sandbox), "baseline": _Session(theirs, limits, sandbox)}
+    warmup, reps = int(params.get("warmup", clocked.warmup)), int(params.get("reps", clocked.reps))
+    order = _call_order(item_seed(seed, "order"), warmup + reps)
+    timings: dict = {"candidate_s": [], "baseline_s": [], "candidate": [], "baseline": []}
+    failure: ItemResult | None = None
+    try:
+        for role, session in sides.items():
+            if not session.ready(limits.wall_s):
+                failure = _session_failure(item, role, session, "did not start")
+                break
+        for i, first in ([] if failure else enumerate(order)):
+            args = clocked.call_inputs(item_seed(seed, f"call{i}"), params, i)
+            for role in (first, "baseline" if first == "candidate" else "candidate"):
+                other = "baseline" if role == "candidate" else "candidate"
+                sides[other].freeze(True)
+                sides[role].freeze(False)
+                try:
+                    value, seconds = sides[role].endpoint.call("run", limits.wall_s, **args)
+                except channel.ChannelError as exc:
+                    failure = _session_failure(item, role, sides[role], str(exc))
+                    break
+                if i >= warmup:
+                    timings[f"{role}_s"].append(seconds)
+                    timings[role].append(value)
+            if failure:
+                break
+    finally:
+        runs = {}
+        for role, session in sides.items():
+            session.freeze(False)
+            runs[role] = session.finish(limits.wall_s + 10)
+        mine.remove()
+        theirs.remove()
+    if failure is not None:
+        return failure
+    run = runs["candidate"]
+    if run is None:
+        return ItemResult(item.name, 0.0, item.points, "not_graded", "the grader lost the child's run")
+    observed = _observed(run, timings=timings)
+    verdict = _judge(item, inputs, None, params, observed)
+    return _from_verdict(item, verdict, sum(timings["candidate_s"]))
+
+
+def _call_order(seed: int, calls: int) -> list[str]:
+    """Which side each call starts with: drawn per call, so neither always runs first."""
+    import random
+
+    rng = random.Random(seed)
+    return [rng.choice(("candidate", "baseline")) for _ in range(calls)]
+
+
+def _session_failure(item: Item, role: str, session: _Session, what: str) -> ItemResult:
+    if role == "baseline":
+        return ItemResult(item.name, 0.0, item.points, "not_graded",
+                          clean_reason(f"the grader's reference run {what}: a fault of the grading machine, "
+                                       "not of the submission"))
+    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(f"the timed call {what}"))
 
 
 def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict,

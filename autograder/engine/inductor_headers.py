@@ -149,14 +149,11 @@ def ensure(env: dict[str, str], gpu: bool = False, root: Path | None = None) -> 
     return folder
 
 
-def view(folder: Path, mine: Path) -> tuple[str, dict[str, str]] | None:
-    """How a kernel sees the headers in ``folder``: (where its folder ``mine``, which it may
-    write, goes; each header, bound read-only into it), or None if ``folder`` is not ready."""
+def view(folder: Path) -> tuple[str, dict[str, str]] | None:
+    """How a kernel sees the headers in ``folder``: (the folder it may write, made in its own
+    capped /tmp; each header, bound read-only into it), or None if ``folder`` is not ready."""
     where = ready(folder)
     if where is None:
         return None
-    mine.mkdir()
-    if os.geteuid() == 0:
-        os.chown(mine, bwrap.NOBODY, bwrap.NOBODY)
     inside = where["inside"]
     return inside, {str(header): f"{inside}/{header.name}" for header in _headers(folder)}

@@ -3,12 +3,19 @@
 A lab's items live in ``autograder/labs/lab<NN>_<topic>.py`` as a ``LAB = LabSpec(...)``. Each item
 names the student's solution cells it needs and three functions with a strict split of trust:
 
-- ``make_inputs(seed, params)`` runs in the trusted parent and draws hidden inputs;
+- ``make_inputs(seed, params)`` runs in the trusted parent and draws hidden inputs; the keys the
+  item names in ``withheld`` (labels, expected values, the seed they came from) never leave it;
 - ``drive(ns, inputs)`` runs in the sandboxed child, where ``ns`` holds what the student's cells
   defined (for a kernel item, only their ``@triton.jit`` functions and constants: ``kernels``
-  names the ones it needs); it calls the student's code and returns plain tensors / numbers;
-- ``check(inputs, outputs, params)`` runs in the parent, computes the reference itself and returns
-  a ``Verdict``. It must treat ``outputs`` as hostile: anything can come back.
+  names the ones it needs); it calls the student's code and returns data (``autograder.wire``).
+  Once student code is loaded, the child is the student's: ``drive`` is a convenience for honest
+  code, and nothing it reports is believed;
+- ``check(inputs, outputs, params[, observed])`` runs in the parent, computes the reference itself
+  and returns a ``Verdict``. It must treat ``outputs`` as hostile: anything can come back. A check
+  that takes ``observed`` also gets what the grader measured from outside the child
+  (``Observed``: the cgroup's memory peak, its own clock's timings, its services' logs, a
+  reference child's figures), the only figures a mechanism verdict may rest on whole. A figure
+  only the child can count is self-reported: at most one point of an item, and its reason says so.
 
 Speed items add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` (a baseline may run the
 student's code on another backend, or ignore it) to a kernel or artefact item: the child, where no
@@ -44,6 +51,38 @@ class Verdict:
 
 
 @dataclass
+class Observed:
+    """What the grader measured about one child from outside it, for ``check(..., observed)``."""
+
+    peak_bytes: int = 0  # the child's memory peak (all its processes and tmpfs files)
+    peak_source: str = "sampled"  # "cgroup": the kernel's count; "sampled": the watchdog's samples
+    wall_s: float = 0.0
+    services: dict[str, Any] = field(default_factory=dict)  # each service's record of the child's calls
+    timings: dict[str, Any] = field(default_factory=dict)  # a clocked item's samples and outputs per call
+    reference: dict[str, Any] = field(default_factory=dict)  # the reference child's figures (peak_bytes, ...)
+
+
+@dataclass
+class Clocked:
+    """A speed figure taken by the grader's clock, for Python the child runs (``Item.clocked``).
+
+    The student's child and a reference child (``Item.reference``: the course's implementation, no
+    student code) each hold the item's ``inputs``; the grader then calls them alternately, once per
+    repetition, handing each call ``call_inputs(seed, params, i)``, made in the grader and unseen by
+    the child until then, and times every call from its request to its result on its own clock. The
+    child not being timed is frozen (its cgroup, or SIGSTOP where there is no freezer), so nothing
+    it left running competes with the other. ``check`` finds the samples and both sides' outputs of
+    every call in ``observed.timings``.
+    """
+
+    call_inputs: Callable[[int, dict, int], dict]
+    candidate: Callable[[dict, dict], Callable[[dict], Any]]  # (ns, inputs) -> run(call_inputs) -> outputs
+    baseline: Callable[[dict, dict], Callable[[dict], Any]]  # the same in the reference child
+    warmup: int = 1
+    reps: int = 5
+
+
+@dataclass
 class Item:
     name: str  # equals the grade_id of the item's test cell in the notebook
     points: float
@@ -72,6 +111,21 @@ class Item:
     # every build shares (fastdl_lab.custom.pch), made here once per machine: a build then
     # compiles the student's source alone, in about a quarter of the time.
     torch_headers: bool = False
+    # Keys of ``make_inputs``'s dict that stay in the parent (the check sees them; the child never).
+    withheld: tuple[str, ...] = ()
+    # The course's own implementation under the names ``drive`` finds the student's:
+    # ``reference(inputs) -> ns``, run in a trusted child (the full package, no student code). An
+    # item with ``reference_run`` runs it once per grading process and profile parameters, for the
+    # figures its check compares the student's with (``observed.reference``: its memory peak, ...).
+    reference: Callable[[dict], dict] | None = None
+    reference_run: bool = False
+    clocked: Clocked | None = None
+    # Services the grader runs for the child (``services(inputs, params) -> {name: handler}``):
+    # a device it simulates, a relay. The child calls them over its channel; each handler's owner
+    # keeps its own record, which ``observed.services`` hands the check.
+    services: Callable[[dict, dict], dict[str, Any]] | None = None
+    # Run on the CPU even on a GPU profile: a figure the kernel's cgroup measures (host memory).
+    host_only: bool = False
 
     @property
     def is_speed(self) -> bool:

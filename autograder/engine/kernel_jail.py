@@ -95,7 +95,7 @@ def _warm_kernel(argv: list[str], view: bwrap.View, env: dict[str, str]):
     jail = Jail.of_this_process()
     try:
         return prefork.request_kernel(relay, argv, view=view, env=env, rlimits=rlimits,
-                                      jail=str(jail.path) if jail else None)
+                                      jail=jail.procs_files if jail else None)
     except prefork.Unavailable:
         return None
 
@@ -115,14 +115,15 @@ def main(connection_file: str) -> int:
         if os.geteuid() == 0:
             os.chown(os.path.join(work, "kernel.json"), bwrap.NOBODY, bwrap.NOBODY)
         bwrap.prepare_workdir(work)
-        view = bwrap.View(work, read_only={package: bwrap.STUDENT_DIR}, network=True, gpu=gpu)
+        view = bwrap.View(work, read_only={package: bwrap.STUDENT_DIR}, network=True, gpu=gpu,
+                          job_bytes=bwrap.JOB_BYTES)
         headers = os.environ.get(inductor_headers.FOLDER_VAR)
-        shown = inductor_headers.view(Path(headers), Path(work, "inductor-headers")) if headers else None
+        shown = inductor_headers.view(Path(headers)) if headers else None
         if shown:
             inside, files = shown
-            view.scratch[os.path.join(work, "inductor-headers")] = inside
+            view.tmp_dirs = (inside,)
             view.read_only.update(files)
-        argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/kernel.json"]
+        argv = [bwrap.PYTHON, "-m", "ipykernel_launcher", "-f", f"{bwrap.JOB}/{view.job_in}/kernel.json"]
         proc = _warm_kernel(argv, view, kernel_env(gpu)) or subprocess.Popen(
             bwrap.command(argv, view), env=kernel_env(gpu), stdin=subprocess.DEVNULL)
         signal.signal(signal.SIGINT, _forward(proc))

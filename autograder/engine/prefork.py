@@ -123,14 +123,14 @@ def python_target(argv: list[str]) -> dict:
     raise ValueError(f"the fork server runs python -c or python -m, not {argv[:3]}")
 
 
-def _spec(argv: list[str], view: bwrap.View, env: dict[str, str], rlimits: dict, jail: str | None,
+def _spec(argv: list[str], view: bwrap.View, env: dict[str, str], rlimits: dict, jail: list[str] | None,
           label: str) -> dict:
     return {"plan": bwrap.plan(view), "chdir": bwrap.JOB, "hostname": bwrap.HOSTNAME, "network": view.network,
             "uid": bwrap.NOBODY, "rlimits": rlimits, "jail": jail, "env": env, "run": python_target(argv),
             "label": label}
 
 
-def _trusted_spec(argv: list[str], cwd: str, env: dict[str, str], rlimits: dict, jail: str | None, *,
+def _trusted_spec(argv: list[str], cwd: str, env: dict[str, str], rlimits: dict, jail: list[str] | None, *,
                   isolate_network: bool, loopback: bool, marker: str) -> dict:
     return {"plan": None, "chdir": cwd, "network": not isolate_network, "loopback": loopback, "marker": marker,
             "rlimits": rlimits, "jail": jail, "env": env, "run": python_target(argv), "label": "trusted"}
@@ -189,12 +189,12 @@ class ForkServer:
         _live[self._proc.pid] = self
 
     def spawn(self, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
-              jail: str | None) -> Forked:
+              jail: list[str] | None) -> Forked:
         if self.trusted:
             raise ValueError("a server of trusted runs forks no sandbox")
         return self._request(_spec(argv, view, env, rlimits, jail, "item"))
 
-    def run_trusted(self, argv: list[str], *, cwd: str, env: dict[str, str], rlimits: dict, jail: str | None,
+    def run_trusted(self, argv: list[str], *, cwd: str, env: dict[str, str], rlimits: dict, jail: list[str] | None,
                     isolate_network: bool, loopback: bool, marker: str) -> Forked:
         """``argv`` forked warm as a trusted run (``forkserver.py``): no sandbox, the grader's uid."""
         if not self.trusted:
@@ -344,7 +344,7 @@ def _relay_loop(listener: socket.socket) -> None:
 
 
 def request_kernel(relay: str, argv: list[str], *, view: bwrap.View, env: dict[str, str], rlimits: dict,
-                   jail: str | None) -> Forked:
+                   jail: list[str] | None) -> Forked:
     """For nbgrader's kernel launcher: a kernel forked warm by the grading process's server,
     writing to this process's standard error, in this process's network namespace."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

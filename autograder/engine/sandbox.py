@@ -29,6 +29,8 @@ SANDBOX_PROCESSES = 2
 TRUSTED_PROCESSES = 1
 # What is kept of a marker line after its prefix: a kind and a SHA-256 in hex fit.
 MARK_CHARS = 80
+# Memory a child may hold in its tmpfs folders beyond the resident-memory limit.
+CGROUP_SLACK_BYTES = 1 << 30
 
 
 @dataclass
@@ -62,6 +64,11 @@ class ChildResult:
     # (phase, time.monotonic() on arrival) of every marker line the child printed, when asked for.
     marks: list[tuple[str, float]] = field(default_factory=list)
     forked: bool = False  # forked from a warm interpreter (prefork.py), not started by bubblewrap
+    # The most memory the child's whole tree held at once: the kernel's own figure where the jail
+    # has a memory controller (``peak_source`` "cgroup"), else the watchdog's largest sample of
+    # resident memory ("sampled", which a spike between two samples escapes).
+    peak_bytes: int = 0
+    peak_source: str = "sampled"
 
     @property
     def ok(self) -> bool:
@@ -177,19 +184,24 @@ def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
 
 def run_sandboxed(
     argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None,
-    mark: bytes | None = None, server: ForkServer | None = None,
+    mark: bytes | None = None, server: ForkServer | None = None, started=None,
 ) -> ChildResult:
     """Run ``argv`` under ``limits`` (isolated as ``view`` says, if given); never raises for
     anything the child does. With ``mark``, lines of output starting with it are stamped with the
     parent's clock as they arrive (``ChildResult.marks``). With a ``server`` (and a ``view``), a
     ``python -c``/``-m`` argv runs in a child forked from that warm interpreter (``prefork.py``)
     in the same sandbox, else through bubblewrap. Without a view, a ``server`` forks a trusted
-    program (nbgrader's run) with the session, jail, limits and network it would get here."""
+    program (nbgrader's run) with the session, jail, limits and network it would get here.
+    ``started(jail)``, if given, is called once the child runs (the jail is None where the OS lets
+    the grader make none): the caller may freeze it while another child is timed."""
     marker = os.path.join(cwd, ".network")
-    jail = Jail.create()
+    # The kernel's limit is the watchdog's with room for what the sandbox keeps in its own tmpfs
+    # folders (counted by the cgroup, invisible to resident memory): it ends a spike between two
+    # samples, which the watchdog alone would miss.
+    jail = Jail.create(memory_limit=limits.memory_bytes + CGROUP_SLACK_BYTES)
     start = time.monotonic()
     if server is not None:
-        jailed = str(jail.path) if jail else None
+        jailed = jail.procs_files if jail else None
         try:
             if view is not None:
                 proc = server.spawn(argv, view=view, env=env, rlimits=_rlimits(limits), jail=jailed)
@@ -200,6 +212,8 @@ def run_sandboxed(
         except Unavailable:
             proc = None  # the server died: this child starts cold, and the next asks for a new server
         if proc is not None:
+            if started is not None:
+                started(jail)
             return _watch(proc, start, limits, view, jail, marker, mark)
     if view is not None:
         argv = bwrap.command(argv, view)
@@ -224,6 +238,8 @@ def run_sandboxed(
         stderr=subprocess.STDOUT,
         preexec_fn=preexec,
     )
+    if started is not None:
+        started(jail)
     return _watch(proc, start, limits, view, jail, marker, mark)
 
 
@@ -252,6 +268,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
+    sampled_peak = 0
     while proc.poll() is None:
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_s and not verdict:
@@ -262,6 +279,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
         helpers = _fork_helpers()
         resident = _resident_bytes([pid for pid in pids if pid not in helpers])
+        sampled_peak = max(sampled_peak, resident)
         if resident > limits.memory_bytes and not verdict:
             verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
         if verdict:
@@ -271,6 +289,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
     proc.wait()
     # Whatever the child left running goes too: its session, and anything that left the session.
     _kill_session(sid)
+    peak, oom = (jail.peak_bytes(), jail.oom_kills()) if jail is not None else (None, 0)
     if jail is not None:
         jail.kill_all()
     reader.join(timeout=5)
@@ -282,6 +301,9 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         rc = -(rc - 128)  # bubblewrap and a fork's monitor report a child killed by signal N as 128 + N
     if verdict:
         status, reason = verdict[0]
+    elif oom:
+        status, reason = "memory", (f"memory limit exceeded: the kernel stopped the process at "
+                                    f"{(peak or 0) >> 20} MiB (limit {limits.memory_bytes >> 20} MiB)")
     elif rc == 0:
         status, reason = "ok", ""
     elif rc is not None and rc < 0:
@@ -295,4 +317,6 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks, forked)
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks, forked,
+                       peak_bytes=peak if peak is not None else sampled_peak,
+                       peak_source="cgroup" if peak is not None else "sampled")

@@ -1,15 +1,16 @@
-"""The parent's side of a speed item: the timed phase on its own clock, and whether the child's
-samples could have come from it.
+"""The parent's side of a kernel speed item: the timed phase on its own clock, and whether the
+child's samples could have come from it.
 
-The child times candidate and baseline (``fastdl_lab.timing.compare``) and reports every sample
-and batch size in its outputs. The numbers come from a process the student's code ran in, so the
-parent does not take them on trust: the child announces the start and the end of the timed phase
-on its output pipe (one marker line each, written by trusted code when the warm-up is over and
-when the last sample is read) and the parent's reader stamps each marker with its own monotonic
-clock as it arrives. ``cross_check`` then compares what the child says it timed with that wall
-time. It catches samples inflated past the phase they were taken in (a baseline made to look
-slow) and samples shrunk to nothing (a forged clock); a forgery within the tolerances is not
-caught here, which is why the instruments are also bound before student code runs (``child.py``).
+A kernel speed item runs no student Python in its child (only ``@triton.jit`` functions the
+compiler accepted), so the child's trusted code times candidate and baseline
+(``fastdl_lab.timing.compare``: device events, L2 flushed, A/B interleaved) and reports every
+sample and batch size in its outputs. The parent still checks them against what it saw: the child
+marks the start and the end of the timed phase on its channel (``channel.py``) and the parent's
+reader stamps each mark with its own monotonic clock as it arrives. ``cross_check`` then compares
+what the child says it timed with that wall time: samples inflated past the phase they were taken
+in (a baseline made to look slow), or shrunk to nothing (a forged clock), are refused. Python the
+student wrote is never timed this way: a ``Clocked`` item is timed call by call on the grader's
+own clock (``grade._grade_clocked``).
 Below about a second of timed calls the absolute tolerance dominates and only gross inflation is
 caught: a speed item's ``min_run_s`` (profile parameter; whole rounds are added until each side has
 run that long) makes the phase long enough for the relative tolerance to bite.
@@ -19,12 +20,8 @@ from __future__ import annotations
 
 import math
 
-from autograder.engine.delivery import PREFIX
 from fastdl_lab.timing import MAX_BATCH
 
-# The timing markers are grader markers (``delivery.PREFIX``) of this kind.
-KIND = "timing:"
-MARK = PREFIX + KIND.encode()
 PHASES = ("start", "end")
 # The parent stamps a marker when its reader thread wakes for it: a few milliseconds late on a
 # loaded host, and the start's lateness shortens the phase it sees. The timed samples may exceed
@@ -41,15 +38,9 @@ DEFAULT_WARMUP = 3
 DEFAULT_REPS = 15
 
 
-def marker(phase: str) -> bytes:
-    if phase not in PHASES:
-        raise ValueError(f"unknown timing phase {phase!r}; known: {', '.join(PHASES)}")
-    return MARK + phase.encode() + b"\n"
-
-
 def timing_marks(marks: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """``(phase, time)`` of the timing markers among the grader's markers (text after ``PREFIX``)."""
-    return [(text[len(KIND):], at) for text, at in marks if text.startswith(KIND)]
+    """``(phase, time)`` of the marks of the timed phase the channel stamped."""
+    return [(phase, at) for phase, at in marks if phase in PHASES]
 
 
 def phase_wall(marks: list[tuple[str, float]]) -> tuple[float | None, str]:
