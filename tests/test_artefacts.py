@@ -99,6 +99,14 @@ def test_kernels_are_left_to_the_kernel_extractor():
     ("return torch.utils.cpp_extension", ".cpp_extension"),
     ("return x.numpy().tofile('payload.so')", ".tofile"),
     ("return torch.autograd.gc", ".gc"),
+    # Syntax that reads attributes by name without an attribute node.
+    ("match x:\n        case object(__class__=c):\n            return c", "Match"),
+    ("return '{0.__class__}'.format(x)", ".format"),
+    ("return str.format_map('{a.__dict__}', {'a': x})", ".format_map"),
+    ("async def g():\n        yield 1\n    return g().ag_frame", "AsyncFunctionDef"),
+    ("return (y for y in x).gi_frame.f_back", ".f_back"),
+    ("class A(object, metaclass=type):\n        pass", "metaclass"),
+    ("return x.f_builtins", ".f_builtins"),
 ])
 def test_screen_refuses_ways_out(body, why):
     source = f"def f(x):\n    {body}\n"
@@ -239,6 +247,24 @@ def test_every_attribute_read_goes_through_the_guard_and_modules_must_be_provide
         provided["reach"](None)
     with pytest.raises(reach.Unreachable, match="fastdl_lab.distributed.fsdp"):
         run(frozenset({"fastdl_lab.distributed"}))["helpers"]()
+
+
+def test_the_guard_refuses_readers_by_name_and_the_interpreters_objects_at_run_time():
+    import types
+
+    guard = reach.attribute_guard(frozenset())
+    for obj, name in (("{0.__class__}", "format"), ("x", "format_map"), (object(), "__class__")):
+        with pytest.raises(reach.Unreachable):
+            guard(obj, name)
+
+    def gen():
+        yield 1
+
+    frame_owner = types.SimpleNamespace(frame=gen().gi_frame, code=gen.__code__)
+    for name in ("frame", "code"):
+        with pytest.raises(reach.Unreachable, match="interpreter"):
+            guard(frame_owner, name)
+    assert guard(type("T", (), {}), "__name__") == "T"
 
 
 _UNPICKLING = r"""

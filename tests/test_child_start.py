@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from autograder import profiles
-from autograder.engine import grade
+from autograder.engine import channel, grade
 from autograder.engine.items import all_labs, lab_spec
 from autograder.submissions import reference_solutions
 
@@ -90,9 +90,12 @@ def _run_kernel_child(course, profile, tmp_path, drop_key: bool) -> tuple[int, i
         env = grade._child_env(grade.Sandbox(course.student_package, profile, isolated=False), work.path)
         cache = tmp_path / ("cache-without-key" if drop_key else "cache")
         cache.mkdir()
+        endpoint = channel.Endpoint(work.path)  # the grader's end of the line the child opens first
         done = subprocess.run([sys.executable, "-c", _KEY_PROBE, work.path], capture_output=True, text=True,
                               env={**env, "TRITON_CACHE_DIR": str(cache)}, cwd=work.path, timeout=120)
+        received = endpoint.close()
         assert done.returncode == 0, done.stderr[-2000:]
+        assert len(received.outputs) == 1 and not received.errors
         return tuple(json.loads(done.stdout.splitlines()[-1]))
     finally:
         work.remove()

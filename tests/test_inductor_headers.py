@@ -48,12 +48,11 @@ for name in before:
 def _kernel(tmp_path: Path, headers: Path, name: str):
     work = tmp_path / name
     work.mkdir()
-    mine = work / "inductor-headers"
-    inside, files = inductor_headers.view(headers, mine)
+    inside, files = inductor_headers.view(headers)
     assert inside.startswith("/tmp/") and files
     bwrap.prepare_workdir(str(work))
     env = kernel_jail.kernel_env(False)
-    view = bwrap.View(str(work), read_only=files, scratch={str(mine): inside})
+    view = bwrap.View(str(work), read_only=files, tmp_dirs=(inside,), job_bytes=bwrap.JOB_BYTES)
     return run_sandboxed([bwrap.PYTHON, "-c", KERNEL, inside], limits=LIMITS, cwd=str(work), env=env, view=view)
 
 
@@ -101,7 +100,8 @@ def test_the_kernel_command_shows_the_headers_where_inductor_looks(tmp_path, hea
     argv = started[0]
     inside = inductor_headers.ready(headers)["inside"]
     at = argv.index(inside)
-    assert argv[at - 2] == "--bind" and argv[at - 1].endswith("inductor-headers")
+    # The kernel's own folder is made in its capped /tmp, never on the host's disk.
+    assert argv[at - 1] == "--dir" and argv[at - 3:at - 1] == ["--perms", "01777"]
     for header in headers.glob("*.gch"):
         shown = argv.index(f"{inside}/{header.name}")
         assert argv[shown - 2:shown] == ["--ro-bind", str(header)] and shown > at
@@ -111,7 +111,7 @@ def test_a_folder_that_was_not_finished_is_not_used(tmp_path):
     assert inductor_headers.ready(tmp_path) is None
     (tmp_path / inductor_headers.WHERE_FILE).write_text('{"inside": "/job/../etc"}')
     assert inductor_headers.ready(tmp_path) is None
-    assert inductor_headers.view(tmp_path, tmp_path / "mine") is None
+    assert inductor_headers.view(tmp_path) is None
 
 
 def test_a_machine_that_cannot_make_it_tries_once_per_process(tmp_path, monkeypatch, capsys):

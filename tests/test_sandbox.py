@@ -104,3 +104,75 @@ def test_an_item_that_builds_gets_more_time_only_for_itself():
     builds = _item_limits(Item("builds", 1.0, (), lambda seed, params: {}, build_s=60), profile)
     assert builds.wall_s == plain.wall_s + 60 and builds.cpu_s == plain.cpu_s + 120
     assert builds.memory_bytes == plain.memory_bytes
+
+
+def _memory_cgroup() -> bool:
+    from autograder.engine.jail import Jail
+
+    jail = Jail.create()
+    try:
+        return jail is not None and jail.peak_bytes() is not None
+    finally:
+        if jail is not None:
+            jail.kill_all()
+
+
+needs_memory_cgroup = pytest.mark.skipif(not _memory_cgroup(), reason="no writable memory cgroup on this OS")
+
+
+@needs_memory_cgroup
+def test_the_memory_peak_is_the_kernels_and_counts_every_process_and_tmpfs_page(tmp_path):
+    # 200 MB held for an instant in a thread of a child process, and 100 MB in a file of a tmpfs:
+    # the watchdog's samples, 50 ms apart, may miss the first; the cgroup's peak does not.
+    code = ("import os, threading, time\n"
+            "def burst():\n    b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])\n"
+            "if os.fork() == 0:\n    t = threading.Thread(target=burst); t.start(); t.join(); os._exit(0)\n"
+            "os.wait()\n")
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.ok and result.peak_source == "cgroup"
+    assert result.peak_bytes >= 200 << 20
+
+
+@needs_memory_cgroup
+def test_a_spike_past_the_limit_is_stopped_by_the_kernel_and_named(tmp_path):
+    from autograder.engine import sandbox
+
+    # Over the watchdog's limit and the kernel's (limit + slack) within one sample's time.
+    size = LIMITS.memory_bytes + sandbox.CGROUP_SLACK_BYTES + (256 << 20)
+    code = f"b = bytearray({size}); b[::4096] = b'x' * len(b[::4096])"
+    limits = Limits(wall_s=20, cpu_s=20, memory_bytes=LIMITS.memory_bytes, limit_address_space=False)
+    result = run_sandboxed([sys.executable, "-c", code], limits=limits, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.status == "memory", (result.status, result.reason)
+
+
+def test_a_frozen_child_makes_no_progress_until_thawed(tmp_path):
+    import threading
+    import time
+
+    from autograder.engine.jail import Jail
+
+    jails = []
+    out = tmp_path / "count"
+    # Each count replaces the file whole: a freeze never finds it half written.
+    code = (f"import os, time\nn = 0\nend = time.monotonic() + 3\n"
+            f"while time.monotonic() < end:\n    n += 1\n    open({str(out)!r} + '.new', 'w').write(str(n))\n"
+            f"    os.replace({str(out)!r} + '.new', {str(out)!r})\n")
+    done = {}
+    thread = threading.Thread(target=lambda: done.setdefault("r", run_sandboxed(
+        [sys.executable, "-c", code], limits=Limits(wall_s=20), cwd=str(tmp_path), env={"PATH": os.environ["PATH"]},
+        started=jails.append)))
+    thread.start()
+    while not out.exists():
+        time.sleep(0.01)
+    jail: Jail | None = jails[0]
+    if jail is None or not jail.freeze(True):
+        jail and jail.freeze(False)
+        thread.join()
+        pytest.skip("no cgroup freezer on this OS")
+    time.sleep(0.1)
+    frozen_at = out.read_text()
+    time.sleep(0.5)
+    assert out.read_text() == frozen_at
+    assert jail.freeze(False)
+    thread.join()
+    assert done["r"].ok and int(out.read_text()) > int(frozen_at)

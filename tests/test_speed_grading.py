@@ -1,9 +1,10 @@
 """The speed path of the engine, without a GPU: the parent's cross-check of the child's samples
-against its own clock, the phase markers on the child's pipe, the instruments bound before student
+against its own clock, the phase marks on the child's channel, the instruments bound before student
 code, and speed items graded alone."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from autograder.engine import child, grade, sandbox, speed
+from autograder.engine import channel, child, grade, sandbox, speed
 from autograder.engine.items import Item
 from fastdl_lab import timing
 
@@ -68,31 +69,23 @@ def test_the_phase_wall_needs_exactly_one_start_then_one_end():
                   [("start", 1.0), ("end", 2.0), ("end", 3.0)], [("start", 1.0), ("start", 1.5), ("end", 2.0)]):
         wall, why = speed.phase_wall(marks)
         assert wall is None and "out of protocol" in why
-    with pytest.raises(ValueError, match="unknown timing phase"):
-        speed.marker("middle")
+    assert speed.timing_marks([("start", 1.0), ("middle", 1.5), ("end", 2.0)]) == [("start", 1.0), ("end", 2.0)]
 
 
-def test_markers_split_across_reads_are_stamped_on_their_last_byte():
-    marks = []
-    feed = sandbox._marker_lines(speed.MARK, marks)
-    line = speed.marker("start")
-    feed(b"some output\n" + line[:5])
-    assert marks == []
-    feed(line[5:] + b"x" * 100_000)  # a long line after it is not kept whole, nor mistaken
-    feed(b"\n" + b"print " + speed.marker("end") + b"\n" + speed.marker("end"))
-    assert [phase for phase, _ in marks] == ["start", "end"]
-
-
-def test_the_parent_clocks_the_phase_the_child_announces(tmp_path):
-    script = ("import os, sys, time\n"
-              f"os.write(1, {speed.marker('start')!r})\n"
+def test_the_parent_clocks_the_phase_the_child_marks_on_its_channel(tmp_path):
+    script = ("import sys, time\n"
+              "from autograder.engine import channel\n"
+              "link = channel.Link(sys.argv[1])\n"
+              "link.send('mark', phase='start')\n"
               "time.sleep(0.3)\n"
-              f"os.write(1, b'\\n' + {speed.marker('end')!r})\n")
+              "link.send('mark', phase='end')\n")
+    endpoint = channel.Endpoint(str(tmp_path))
     limits = sandbox.Limits(wall_s=20, isolate_network=False, limit_address_space=False)
-    result = sandbox.run_sandboxed([sys.executable, "-c", script], limits=limits, cwd=str(tmp_path), env={},
-                                   mark=speed.MARK)
+    result = sandbox.run_sandboxed([sys.executable, "-c", script, endpoint.path], limits=limits, cwd=str(tmp_path),
+                                   env={"PYTHONPATH": os.pathsep.join(sys.path)})
+    received = endpoint.close()
     assert result.ok, result
-    wall, why = speed.phase_wall(result.marks)
+    wall, why = speed.phase_wall(speed.timing_marks(received.marks))
     assert not why and 0.28 <= wall < 5
 
 

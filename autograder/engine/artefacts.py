@@ -57,6 +57,11 @@ DENIED_ATTRIBUTES = frozenset({
     "recv_object_list",
     # The interpreter's own view of every object and frame.
     "gc", "get_objects", "get_referrers", "get_referents", "inspect", "currentframe",
+    # What frames, code and tracebacks are reached through (reach.py refuses such objects too).
+    "ag_frame", "ag_code", "gi_code", "cr_code", "gi_yieldfrom", "cr_await", "ag_await", "tb_next", "f_code",
+    "f_builtins", "f_trace", "cell_contents",
+    # str.format reads any attribute a field names ("{0.__globals__}"): text leaks what it reads.
+    "format", "format_map",
 })
 # An autograd.Function keeps its state on ``ctx`` as a class keeps it on ``self``. A name is only a
 # name: a method can be handed a library class as its ``self`` or ``ctx``, so an item whose figures
@@ -78,9 +83,34 @@ def _reject(node: ast.AST, owner: str, what: str) -> None:
     raise ArtefactRejected(f"{owner}, line {getattr(node, 'lineno', '?')}: {what}")
 
 
+# The language a graded class or function is written in: every node of its tree must be one of
+# these. Python keeps adding syntax that reaches an object's attributes by name without an
+# attribute node (a ``match`` statement's class patterns read any attribute they name, ``async``
+# code hands out frames); a list of what is allowed does not grow with the language, a list of
+# what is refused would.
+ALLOWED_NODES = (
+    # statements
+    ast.FunctionDef, ast.ClassDef, ast.Return, ast.Delete, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For,
+    ast.While, ast.If, ast.With, ast.Raise, ast.Try, ast.Assert, ast.Expr, ast.Pass, ast.Break, ast.Continue,
+    ast.Nonlocal, ast.ExceptHandler, ast.withitem,
+    # expressions
+    ast.BoolOp, ast.NamedExpr, ast.BinOp, ast.UnaryOp, ast.Lambda, ast.IfExp, ast.Dict, ast.Set, ast.ListComp,
+    ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.Compare, ast.Call,
+    ast.FormattedValue, ast.JoinedStr, ast.Constant, ast.Attribute, ast.Subscript, ast.Starred, ast.Name,
+    ast.List, ast.Tuple, ast.Slice, ast.comprehension, ast.arguments, ast.arg, ast.keyword,
+    # what qualifies them
+    ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop,
+)
+
+
 def _screen(tree: ast.stmt, library: re.Pattern | None) -> None:
     owner = f"{'class' if isinstance(tree, ast.ClassDef) else 'function'} {tree.name}"
     for node in ast.walk(tree):
+        if not isinstance(node, ALLOWED_NODES):
+            _reject(node, owner, f"{type(node).__name__} is not part of the Python graded code may use "
+                                 "(no match statements, async code, imports or global)")
+        if isinstance(node, ast.ClassDef) and node.keywords:
+            _reject(node, owner, "a class may name its bases, nothing else (no metaclass)")
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             _reject(node, owner, "imports are not run by the grader: use the names the lab provides")
         elif isinstance(node, ast.Global):
@@ -115,7 +145,7 @@ def _screen_attribute(node: ast.Attribute, owner: str, library: re.Pattern | Non
     if attr.startswith("_"):
         _reject(node, owner, f".{attr}: private attributes of other objects (the library's machinery) are not allowed")
     if attr in DENIED_ATTRIBUTES:
-        _reject(node, owner, f".{attr}: graded code may not reach other modules")
+        _reject(node, owner, f".{attr}: graded code may not reach other modules, the interpreter or threads")
     if library is not None and library.search(attr):
         _reject(node, owner, f".{attr}: the graded technique must be your own code, not the library's")
 

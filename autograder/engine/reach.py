@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import re
 import sys
+import types
 from types import ModuleType
 
 GUARD = "__fastdl_attr__"
@@ -68,14 +69,26 @@ class Unreachable(PermissionError):
     """Extracted code asked for something outside what its item provides."""
 
 
+# Objects that are the interpreter's own view of running code: from a frame, every caller's
+# locals and globals are one step away.
+INTERPRETER_TYPES = (types.FrameType, types.TracebackType, types.CodeType, types.CellType)
+# Names read at run time that would read further by name (``str.format`` follows "{0.attr}").
+REFUSED_NAMES = frozenset({"format", "format_map"})
+
+
 def attribute_guard(scope_modules: frozenset[str]):
-    """The getattr of extracted code: any attribute, but a module only if the item provides it."""
+    """The getattr of extracted code: any attribute but the dunders and the readers by name, a
+    module only if the item provides it, never a frame, code object, traceback or cell."""
     allowed = REACHABLE_MODULES | scope_modules
 
     def guarded_getattr(obj, name: str):
+        if name in REFUSED_NAMES or (name.startswith("__") and name not in ("__name__", "__qualname__", "__init__")):
+            raise Unreachable(f"graded code may not read .{name}")
         value = getattr(obj, name)
         if isinstance(value, ModuleType) and value.__name__ not in allowed:
             raise Unreachable(f"graded code may not reach the module {value.__name__}: use the names the lab provides")
+        if isinstance(value, INTERPRETER_TYPES):
+            raise Unreachable(f"graded code may not reach the interpreter's {type(value).__name__} objects")
         return value
 
     return guarded_getattr

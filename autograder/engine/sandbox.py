@@ -27,8 +27,6 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 SANDBOX_PROCESSES = 2
 # A trusted run forked warm: its monitor.
 TRUSTED_PROCESSES = 1
-# What is kept of a marker line after its prefix: a kind and a SHA-256 in hex fit.
-MARK_CHARS = 80
 # Memory a child may hold in its tmpfs folders beyond the resident-memory limit.
 CGROUP_SLACK_BYTES = 1 << 30
 
@@ -61,8 +59,6 @@ class ChildResult:
     network_isolated: bool = False
     jailed: bool = False  # in a pids cgroup
     sandboxed: bool = False  # in bubblewrap's namespaces as an unprivileged uid
-    # (phase, time.monotonic() on arrival) of every marker line the child printed, when asked for.
-    marks: list[tuple[str, float]] = field(default_factory=list)
     forked: bool = False  # forked from a warm interpreter (prefork.py), not started by bubblewrap
     # The most memory the child's whole tree held at once: the kernel's own figure where the jail
     # has a memory controller (``peak_source`` "cgroup"), else the watchdog's largest sample of
@@ -157,23 +153,6 @@ def _kill_session(sid: int) -> None:
         pass
 
 
-def _marker_lines(mark: bytes, marks: list[tuple[str, float]]):
-    """A feed for the child's output: stamps each line that starts with ``mark`` on arrival."""
-    line = bytearray()
-
-    def feed(chunk: bytes) -> None:
-        now = time.monotonic()
-        line.extend(chunk)
-        *complete, rest = bytes(line).split(b"\n")
-        for text in complete:
-            if text.startswith(mark):
-                marks.append((text[len(mark):len(mark) + MARK_CHARS].decode("ascii", "replace"), now))
-        # Only a line's beginning can hold a marker: a long line without one is not kept whole.
-        line[:] = rest[:len(mark) + MARK_CHARS]
-
-    return feed
-
-
 def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
     cpu = max(1, int(limits.cpu_s))
     found = {"RLIMIT_CPU": (cpu, cpu + 5), "RLIMIT_CORE": (0, 0)}
@@ -184,11 +163,10 @@ def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
 
 def run_sandboxed(
     argv: list[str], *, limits: Limits, cwd: str, env: dict[str, str], view: bwrap.View | None = None,
-    mark: bytes | None = None, server: ForkServer | None = None, started=None,
+    server: ForkServer | None = None, started=None,
 ) -> ChildResult:
     """Run ``argv`` under ``limits`` (isolated as ``view`` says, if given); never raises for
-    anything the child does. With ``mark``, lines of output starting with it are stamped with the
-    parent's clock as they arrive (``ChildResult.marks``). With a ``server`` (and a ``view``), a
+    anything the child does. With a ``server`` (and a ``view``), a
     ``python -c``/``-m`` argv runs in a child forked from that warm interpreter (``prefork.py``)
     in the same sandbox, else through bubblewrap. Without a view, a ``server`` forks a trusted
     program (nbgrader's run) with the session, jail, limits and network it would get here.
@@ -214,7 +192,7 @@ def run_sandboxed(
         if proc is not None:
             if started is not None:
                 started(jail)
-            return _watch(proc, start, limits, view, jail, marker, mark)
+            return _watch(proc, start, limits, view, jail, marker)
     if view is not None:
         argv = bwrap.command(argv, view)
 
@@ -240,26 +218,21 @@ def run_sandboxed(
     )
     if started is not None:
         started(jail)
-    return _watch(proc, start, limits, view, jail, marker, mark)
+    return _watch(proc, start, limits, view, jail, marker)
 
 
-def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Jail | None, marker: str,
-           mark: bytes | None) -> ChildResult:
+def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Jail | None, marker: str) -> ChildResult:
     """The watchdog over a started child (a Popen, or a ``prefork.Forked``) until it ends."""
     sid = proc.pid
     forked = isinstance(proc, Forked)
     verdict: list[tuple[str, str]] = []
     tail = bytearray()
     seen = 0
-    marks: list[tuple[str, float]] = []
-    feed = _marker_lines(mark, marks) if mark else None
 
     def read_output() -> None:
         nonlocal seen
         while chunk := proc.stdout.read1(65536):
             seen += len(chunk)
-            if feed is not None:
-                feed(chunk)
             tail.extend(chunk)
             del tail[: max(0, len(tail) - 8192)]
             if seen > limits.output_bytes and not verdict:
@@ -317,6 +290,6 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         status, reason = "memory", f"memory limit exceeded (MemoryError under a {limits.memory_bytes >> 20} MiB limit)"
     else:
         status, reason = "error", f"exited with code {rc}"
-    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, marks, forked,
+    return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, forked,
                        peak_bytes=peak if peak is not None else sampled_peak,
                        peak_source="cgroup" if peak is not None else "sampled")

@@ -1,0 +1,136 @@
+"""The line between a grading child and the grader: one connection, capped frames of data, marks
+stamped on the grader's clock, services answered, calls timed by the grader."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+import time
+
+import pytest
+import torch
+
+from autograder import wire
+from autograder.engine import channel, sandbox
+
+LIMITS = sandbox.Limits(wall_s=30, isolate_network=False, limit_address_space=False)
+
+
+def _child(tmp_path, endpoint: channel.Endpoint, body: str) -> sandbox.ChildResult:
+    script = "import sys, time\nfrom autograder.engine import channel\nlink = channel.Link(sys.argv[1])\n" + body
+    return sandbox.run_sandboxed([sys.executable, "-c", script, endpoint.path], limits=LIMITS, cwd=str(tmp_path),
+                                 env={"PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_outputs_errors_and_marks_arrive_as_data(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path))
+    result = _child(tmp_path, endpoint, "import torch\n"
+                    "link.send('mark', phase='start')\n"
+                    "link.send('outputs', value={'x': torch.arange(4)})\n"
+                    "link.send('error', status='error', error='x' * 10_000)\n")
+    got = endpoint.close()
+    assert result.ok and got.connected and not got.problem
+    assert len(got.outputs) == 1 and torch.equal(got.outputs[0]["x"], torch.arange(4))
+    assert got.errors[0]["status"] == "error" and len(got.errors[0]["error"]) == channel.ERROR_CHARS
+    assert [phase for phase, _ in got.marks] == ["start"]
+
+
+class Counter:
+    def __init__(self):
+        self.calls = []
+
+    def handle(self, **args):
+        self.calls.append(args)
+        if args.get("fail"):
+            raise ValueError("asked to fail")
+        return sum(args.get("values", []))
+
+
+def test_services_answer_the_childs_calls_and_keep_their_own_record(tmp_path):
+    counter = Counter()
+    endpoint = channel.Endpoint(str(tmp_path), {"count": counter.handle})
+    result = _child(tmp_path, endpoint, "assert link.call('count', values=[1, 2, 3]) == 6\n"
+                    "try:\n    link.call('count', fail=True)\nexcept RuntimeError as exc:\n    assert 'asked to fail' in str(exc)\n"
+                    "try:\n    link.call('nothing')\nexcept RuntimeError as exc:\n    assert 'no service' in str(exc)\n"
+                    "link.send('outputs', value=None)\n")
+    got = endpoint.close()
+    assert result.ok, result.output_tail
+    assert counter.calls == [{"values": [1, 2, 3]}, {"fail": True}] and got.calls == 3
+
+
+def test_a_frame_over_the_cap_ends_the_line_before_its_body_is_read(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path), max_frame=1 << 20)
+    result = _child(tmp_path, endpoint, "import struct\n"
+                    "link.sock.sendall(struct.pack('<Q', 1 << 40) + b'x' * 100)\n"
+                    "time.sleep(0.5)\n")
+    got = endpoint.close()
+    assert result.ok and "more than" in got.problem and not got.outputs
+
+
+def test_a_frame_that_is_not_data_is_refused(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path))
+    result = _child(tmp_path, endpoint, "import pickle, struct\n"
+                    "data = pickle.dumps({'kind': 'outputs', 'value': 1})\n"
+                    "link.sock.sendall(struct.pack('<Q', len(data)) + data)\n")
+    got = endpoint.close()
+    assert result.ok and "not data" in got.problem and not got.outputs
+
+
+def test_only_the_first_connection_is_accepted(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path))
+    first = socket.socket(socket.AF_UNIX)
+    first.connect(endpoint.path)
+    assert endpoint.wait_connected(5)
+    time.sleep(0.2)
+    second = socket.socket(socket.AF_UNIX)
+    with pytest.raises(OSError):
+        second.connect(endpoint.path)
+    channel.send(first, {"kind": "outputs", "value": 1})
+    first.close()
+    assert endpoint.close().outputs == [1]
+
+
+def test_a_child_that_never_connects_does_not_hold_the_grader(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path))
+    started = time.monotonic()
+    got = endpoint.close()
+    assert not got.connected and time.monotonic() - started < 2
+
+
+def test_the_grader_times_each_call_it_drives(tmp_path):
+    endpoint = channel.Endpoint(str(tmp_path))
+    import threading
+
+    done = {}
+    body = ("while True:\n"
+            "    request = link.next_request()\n"
+            "    if request is None:\n        break\n"
+            "    time.sleep(request['args']['sleep'])\n"
+            "    link.send('result', value=request['args']['sleep'] * 2)\n"
+            "link.send('outputs', value=None)\n")
+    thread = threading.Thread(target=lambda: done.setdefault("result", _child(tmp_path, endpoint, body)))
+    thread.start()
+    assert endpoint.wait_connected(20)
+    value, seconds = endpoint.call("run", 20, sleep=0.2)
+    assert value == 0.4 and 0.19 <= seconds < 2
+    with pytest.raises(channel.ChannelError, match="no result within"):
+        endpoint.call("run", 0.1, sleep=1.0)
+    endpoint.finish()
+    thread.join(30)
+    assert done["result"].ok, done["result"].output_tail
+
+
+def test_frames_round_trip_in_the_wire_format():
+    a, b = socket.socketpair()
+    channel.send(a, {"kind": "x", "t": torch.ones(3, dtype=torch.float16)})
+    got = channel.recv(b)
+    assert got["kind"] == "x" and torch.equal(got["t"], torch.ones(3, dtype=torch.float16))
+    a.sendall(struct.pack("<Q", 5) + b"12345")
+    with pytest.raises(channel.ChannelError, match="not data"):
+        channel.recv(b)
+    a.close()
+    with pytest.raises(channel.ChannelError, match="closed"):
+        channel.recv(b)
+    assert wire.MAGIC
