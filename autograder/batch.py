@@ -190,7 +190,8 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
         except notebook.NotebookError as exc:
             summary.failures.append(f"{lab_name} {student}: {records.clean_reason(exc)}")
     path = records.write(course.records, lab_name, student, profile=profile["name"], seed=run.seed, items=items,
-                         nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""))
+                         nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""),
+                         attempt=result.get("attempt", ""))
     if not result.get("error"):
         try:
             summary.failures += gradebook.write_scores(course.db_url, lab, student, items,

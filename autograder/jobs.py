@@ -29,7 +29,7 @@ from pathlib import Path
 from autograder import notebook, records, workfolder
 from autograder.course import Course, tool_env, write_config
 from autograder.engine import bwrap, kernel_jail, prefork
-from autograder.engine.grade import grade_submission, student_seed
+from autograder.engine.grade import attempt_digest, grade_submission, student_seed
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import Limits, run_sandboxed
 from fastdl_lab import device
@@ -70,6 +70,7 @@ class JobResult:
     seconds: dict = field(default_factory=dict)  # nbgrader, engine, total
     worker: str = ""
     error: str = ""  # the job itself failed (a grader fault, never the student's doing)
+    attempt: str = ""  # the digest of the submission's solution cells, part of its inputs' seed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -282,9 +283,10 @@ def _grade_in(spec: JobSpec, course: Course, submitted: Path, work: Path, result
             device.check_interpreter()
         lab = load_lab(spec.lab)
         engine_started = time.monotonic()
+        result.attempt = attempt_digest(submitted)
         verdicts = grade_submission(
             lab, submitted, release=course.release(spec.lab), profile=spec.profile,
-            seed=student_seed(spec.seed, lab.name, spec.student), student_package=course.student_package,
+            seed=student_seed(spec.seed, lab.name, spec.student, result.attempt), student_package=course.student_package,
             isolated=spec.isolated, parallel=spec.item_parallel, only=set(spec.only) if spec.only else None,
             alongside=run_nbgrader if spec.execute else None, scratch=work,
         )

@@ -45,7 +45,7 @@ def hardware() -> dict:
 
 
 def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int, items: list[dict], nbgrader: dict,
-          seconds: dict | None = None, worker: str = "") -> Path:
+          seconds: dict | None = None, worker: str = "", attempt: str = "") -> Path:
     path = records_dir / lab / f"{student}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -54,6 +54,8 @@ def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int,
         "graded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "profile": profile,
         "seed": seed,
+        # The submission's solution cells, digested: with the seed, what its hidden inputs came from.
+        "attempt": attempt,
         "hardware": hardware(),
         "versions": versions(),
         "nbgrader": nbgrader,

@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,9 +82,22 @@ def _digest(*parts) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def student_seed(seed: int, lab: str, student: str) -> int:
-    """Every student's hidden inputs differ; the batch seed regrades them all identically."""
-    return _digest(seed, lab, student)
+def student_seed(seed: int, lab: str, student: str, attempt: str = "") -> int:
+    """Every student's hidden inputs differ, and so do every attempt's (``attempt``: the digest of
+    the submission's solution cells, ``attempt_digest``): feedback on one attempt says nothing of
+    the next one's inputs, even under a recorded batch seed, which still regrades the same
+    submission identically."""
+    return _digest(seed, lab, student, attempt) if attempt else _digest(seed, lab, student)
+
+
+def attempt_digest(path: Path) -> str:
+    """What makes a submission an attempt of its own: its solution cells, nothing else of the file
+    (a notebook saved again with other outputs is the same attempt). Empty for an unreadable one."""
+    try:
+        solutions = notebook.graded_cells(notebook.read_notebook(path)).solutions
+    except notebook.NotebookError:
+        return ""
+    return hashlib.sha256(json.dumps(sorted(solutions.items())).encode()).hexdigest()[:16]
 
 
 def item_seed(seed: int, item: str) -> int:
@@ -246,18 +260,27 @@ def _outputs(run: _Run):
     return received.outputs[0]
 
 
+# Numbers with many digits in text a child wrote: what a student's exception would echo of its
+# hidden inputs (a tensor's values, a seed) never reaches the reason shown back to the student.
+_LONG_NUMBER = re.compile(r"-?\d+\.\d{3,}(?:[eE][-+]?\d+)?|-?\d{5,}")
+
+
+def redact_numbers(text: str) -> str:
+    return _LONG_NUMBER.sub("#", text)
+
+
 def _failure(item: Item, run: _Run) -> ItemResult:
     result = run.result
     if result.status == "error" and run.received.errors:
         reported = run.received.errors[0]
         status = reported["status"] if reported["status"] in ("error", "tampered", "not_a_kernel") else "error"
-        message = reported["error"]
+        message = redact_numbers(reported["error"])
         if status == "error":
             message = f"your code raised {message}"
         return ItemResult(item.name, 0.0, item.points, status, clean_reason(message), wall_s=result.wall_s)
     reason = result.reason
     if result.status == "error":
-        reason = f"{result.reason}: {result.output_tail[-200:].strip()}"
+        reason = f"{result.reason}: {redact_numbers(result.output_tail[-200:].strip())}"
     return ItemResult(item.name, 0.0, item.points, result.status, clean_reason(reason), wall_s=result.wall_s,
                       details={"output_tail": result.output_tail[-1000:]})
 
@@ -357,8 +380,9 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
             run = _run_child(work, _item_limits(item, sandbox.profile), sandbox)
         finally:
             work.remove()
+        reported = "; ".join(e["error"] for e in run.received.errors)
         figures = {"status": run.result.status if run.result.ok and run.received.outputs else "failed",
-                   "reason": run.result.reason or "; ".join(e["error"] for e in run.received.errors)[:300],
+                   "reason": "; ".join(filter(None, (run.result.reason, reported)))[:300],
                    "peak_bytes": run.result.peak_bytes, "peak_source": run.result.peak_source,
                    "wall_s": run.result.wall_s}
         if figures["status"] == "failed" and not figures["reason"]:
@@ -525,8 +549,8 @@ def run_items(items: list[Item], grade_one, parallel: int, alongside=None) -> li
     raised here, after every item's child has ended."""
     from concurrent.futures import ThreadPoolExecutor
 
-    shared = [i for i, item in enumerate(items) if not item.is_speed]
-    alone = [i for i, item in enumerate(items) if item.is_speed]
+    shared = [i for i, item in enumerate(items) if not item.runs_alone]
+    alone = [i for i, item in enumerate(items) if item.runs_alone]
     results: dict[int, ItemResult] = {}
     # Leaving the with-block waits for every shared item: no child of theirs outlives it.
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:

@@ -131,6 +131,11 @@ class Item:
     def is_speed(self) -> bool:
         return self.kind == "speed"
 
+    @property
+    def runs_alone(self) -> bool:
+        """Timed: nothing else of the submission may share the machine while it runs."""
+        return self.is_speed or self.clocked is not None
+
 
 @dataclass
 class LabSpec:

@@ -11,10 +11,11 @@ function cannot answer from a cache.
 from __future__ import annotations
 
 import math
+from statistics import median
 
 import numpy as np
 
-from autograder.engine.items import Item, LabSpec, Verdict
+from autograder.engine.items import Clocked, Item, LabSpec, Verdict
 
 SCOPE = "import math\nimport numpy as np\nfrom fastdl_lab.tabular import day_of_week\n"
 
@@ -79,64 +80,61 @@ def etl_check(inputs: dict, outputs, params: dict) -> Verdict:
 # --- vectorised vs the row loop ----------------------------------------------------------------
 
 
-def _nudged(trips, i: int):
-    """Copy ``i`` of the table, every fare moved by a cent per copy: no two calls see the same data,
-    so a function that remembers past inputs (by identity or by content) cannot skip the work."""
-    return trips.assign(fare=trips["fare"] + 0.01 * i)
-
-
-def vectorised_drive(ns: dict, inputs: dict) -> dict:
-    import itertools
-
-    from fastdl_lab import tabular, timing
-
-    trips, _ = _trips(inputs)
-    student, calls, last = ns["fare_per_km"], itertools.count(1), {}
-
-    # Every call of either side takes a table no call has seen (the copy costs both sides alike,
-    # and the timer may call a fast function several times per sample).
-    def candidate():
-        i = next(calls)
-        last.update(copy=i, values=student(_nudged(trips, i)))
-
-    def baseline():
-        tabular.fare_per_km_loop(_nudged(trips, next(calls)))
-
-    cmp = timing.compare(candidate, baseline, warmup=int(inputs["warmup"]), reps=int(inputs["reps"]))
-    values = np.asarray(last["values"], dtype=float)
-    return {"copy": last["copy"], "values": [None if v != v else float(v) for v in values.tolist()],
-            "candidate_s": list(cmp.candidate.samples), "baseline_s": list(cmp.baseline.samples)}
-
-
 def vectorised_inputs(seed: int, params: dict) -> dict:
-    return {**_seeded(seed, params, default=6000), "warmup": int(params.get("warmup", 1)),
-            "reps": int(params.get("reps", 5))}
+    return _seeded(seed, params, default=6000)
 
 
-def vectorised_check(inputs: dict, outputs, params: dict) -> Verdict:
+def vectorised_call(seed: int, params: dict, i: int) -> dict:
+    """The ``i``-th timed call's fares and distances, drawn here and sent with the call: no call's
+    answer can be known before it arrives, from a cache or from a scaled earlier answer."""
+    rng = np.random.default_rng([seed % (1 << 31), i])
+    n = int(params.get("rows", 6000))
+    distance = rng.lognormal(np.log(3.0), 0.75, n)
+    distance[rng.random(n) < 0.02] = 0.0
+    return {"fare": np.round(rng.uniform(3.0, 80.0, n), 2), "distance_km": distance}
+
+
+def _with_call(trips, args: dict):
+    return trips.assign(fare=np.asarray(args["fare"]), distance_km=np.asarray(args["distance_km"]))
+
+
+def vectorised_candidate(ns: dict, inputs: dict):
     from fastdl_lab import tabular
 
     trips, _ = _trips(inputs)
-    copy = int(outputs["copy"])
-    # The values of the last timed call, against the row loop on the very copy it was given.
-    want = np.asarray(tabular.fare_per_km_loop(_nudged(trips, copy)), dtype=float)
-    got = np.array([math.nan if v is None else float(v) for v in outputs["values"]], dtype=float)
-    if got.shape != want.shape:
-        return Verdict.failed(f"fare_per_km returned {got.size} values for {want.size} trips")
-    close = np.isclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
-    if not close.all():
-        i = int(np.argmin(close))
-        return Verdict.failed(f"{int((~close).sum())} of {want.size} values differ from the row loop; "
-                              f"first at row {i}: {got[i]!r} instead of {want[i]!r}")
-    candidate, baseline = (float(np.median([float(s) for s in outputs[k]])) for k in ("candidate_s", "baseline_s"))
-    if min(candidate, baseline) <= 0:
-        return Verdict.failed("no positive timings")
-    speedup, target = baseline / candidate, float(params.get("min_speedup", 20.0))
-    details = {"speedup": speedup, "candidate_s": candidate, "baseline_s": baseline}
+    student = ns["fare_per_km"]
+    return lambda args: np.asarray(tabular.to_numpy(student(_with_call(trips, args))), dtype=np.float64)
+
+
+def vectorised_baseline(_ns: dict, inputs: dict):
+    from fastdl_lab import tabular
+
+    trips, _ = _trips(inputs)
+    return lambda args: tabular.fare_per_km_loop(_with_call(trips, args)).to_numpy(dtype=np.float64)
+
+
+def vectorised_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
+    timings = observed.timings
+    candidate, baseline = timings["candidate"], timings["baseline"]
+    for i, (got, want) in enumerate(zip(candidate, baseline, strict=True)):
+        want = np.asarray(want, dtype=float)
+        got = np.asarray(got, dtype=float) if isinstance(got, np.ndarray) else np.array([], dtype=float)
+        if got.shape != want.shape:
+            return Verdict.failed(f"fare_per_km returned {got.size} values for {want.size} trips (timed call {i})")
+        close = np.isclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
+        if not close.all():
+            row = int(np.argmin(close))
+            return Verdict.failed(f"{int((~close).sum())} of {want.size} values differ from the row loop's in timed "
+                                  f"call {i}; first at row {row}: {got[row]!r} instead of {want[row]!r}")
+    speedup = median(timings["baseline_s"]) / median(timings["candidate_s"])
+    target = float(params.get("min_speedup", 20.0))
+    details = {"speedup": speedup, "candidate_s": timings["candidate_s"], "baseline_s": timings["baseline_s"]}
+    clock = (f"{speedup:.0f}x faster than the row loop on the grader's clock, {len(candidate)} calls each on "
+             "tables no call had seen")
     if speedup < target:
-        return Verdict(0.5, f"right values, but only {speedup:.1f}x faster than the row loop (needs {target:.0f}x): "
-                            "is there still a Python loop over the rows?", details)
-    return Verdict.passed(f"same values as the row loop, {speedup:.0f}x faster (needs {target:.0f}x)", **details)
+        return Verdict(0.5, f"right values, but only {clock.replace(f'{speedup:.0f}x', f'{speedup:.1f}x')} "
+                            f"(needs {target:.0f}x): is there still a Python loop over the rows?", details)
+    return Verdict.passed(f"same values as the row loop, {clock} (needs {target:.0f}x)", **details)
 
 
 # --- ML ---------------------------------------------------------------------------------------
@@ -241,9 +239,11 @@ LAB = LabSpec(
     items=[
         Item("etl_pipeline", 4, ("etl_code",), _seeded, etl_drive, etl_check, artefacts=("etl",), scope=SCOPE,
              description="clean, join, feature and aggregate hidden trips: the same table as the reference"),
-        Item("vectorised", 2, ("vectorised_code",), vectorised_inputs, vectorised_drive, vectorised_check,
-             kind="mechanism", artefacts=("fare_per_km",), scope=SCOPE,
-             description="a vectorised column against the row loop: same values, a ratio timed A/B"),
+        Item("vectorised", 2, ("vectorised_code",), vectorised_inputs, check=vectorised_check,
+             kind="mechanism", artefacts=("fare_per_km",), scope=SCOPE, reference=lambda inputs: {},
+             clocked=Clocked(vectorised_call, vectorised_candidate, vectorised_baseline, warmup=1, reps=5),
+             description="a vectorised column against the row loop: same values, a ratio timed call by call "
+                         "on the grader's clock"),
         Item("ml_predictions", 3, ("ml_code",), _seeded, ml_drive, ml_check, artefacts=("fit_predict",), scope=SCOPE,
              description="predictions judged on hidden test labels the function never sees"),
         Item("etl_gpu_speed", 2, ("etl_code",), _seeded, kind="speed", check=etl_check, timed=etl_speed_timed,
