@@ -110,14 +110,14 @@ def warm() -> None:
 
 
 def run(name: str, world_size: int, *args, timeout_s: float = 3.0, max_message_bytes: int = 1 << 20,
-        max_held_bytes: int | None = None, ranks=None) -> Outcome:
+        max_held_bytes: int | None = None, max_operations: int = 100_000, ranks=None) -> Outcome:
     """Run program ``name`` on ``world_size`` ranks behind a fresh relay (only the ``ranks`` given,
     when given) and return what happened; any rank still alive after twice the timeout is killed."""
     ctx = _fork_server()
     with tempfile.TemporaryDirectory(prefix="relay-") as folder:
         paths = [os.path.join(folder, f"rank{r}.sock") for r in range(world_size)]
         relay = Relay(paths, timeout_s=timeout_s, max_message_bytes=max_message_bytes,
-                      max_held_bytes=max_held_bytes).start()
+                      max_held_bytes=max_held_bytes, max_operations=max_operations).start()
         procs, pipes = {}, {}
         try:
             started = time.monotonic()
@@ -296,6 +296,23 @@ def sharding(rank: int, world: int) -> dict:
 
 
 @program
+def overlaps(rank: int, world: int) -> dict:
+    """Rank 0 starts an all-reduce async, computes for a while, then waits; the others call it at
+    once. When did rank 0 start, and wait, and was its work done before the wait?"""
+    t = torch.full((4,), float(rank))
+    if rank != 0:
+        dist.all_reduce(t)
+        return {}
+    issued = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    time.sleep(0.6)
+    done_before_wait = work.is_completed()
+    waited = time.monotonic()
+    work.wait()
+    return {"issued": issued, "waited": waited, "done_before_wait": done_before_wait, "sum": t}
+
+
+@program
 def mismatched(rank: int, world: int, kind: str) -> None:
     dist.all_reduce(torch.ones(3))
     if kind == "shape":
@@ -354,12 +371,12 @@ def too_large(rank: int, world: int) -> None:
 
 
 @program
-def floods(rank: int, world: int, messages: int) -> None:
+def floods(rank: int, world: int, messages: int, numel: int) -> None:
     """Rank 0 sends rank 1 message after message, none of them received; rank 1 then waits for it
     in a barrier."""
     if rank == 0:
         for _ in range(messages):
-            dist.send(torch.ones(1000), 1)
+            dist.send(torch.ones(numel), 1)
     else:
         time.sleep(0.5)
     dist.barrier()

@@ -105,6 +105,16 @@ def test_a_ring_all_reduce_hands_the_relay_two_n_minus_one_over_n_of_the_tensor(
             assert result["reported"] == sent
 
 
+def test_async_work_is_sent_when_called_and_done_without_waiting():
+    outcome = run("overlaps", 3)
+    _ok(outcome)
+    rank0 = outcome.results[0]
+    (record,) = outcome.records
+    assert rank0["issued"] <= record["arrived_s"][0] < rank0["waited"] - 0.3
+    assert record["completed_s"] < rank0["waited"] and rank0["done_before_wait"]
+    assert rank0["sum"].tolist() == [3.0] * 4
+
+
 def test_torch_ddp_and_the_course_bucketed_ddp_train_over_the_relay():
     world, steps, bucket_bytes = 2, 3, 200
     outcome = run("ddp_training", world, steps, bucket_bytes)
@@ -267,12 +277,18 @@ def test_what_the_relay_refuses_from_a_rank_fails_the_world(kind, pattern):
 
 
 def test_handed_over_bytes_not_yet_delivered_are_capped():
-    outcome = run("floods", 2, 50, max_held_bytes=20_000, timeout_s=TIMEOUT_S)
+    outcome = run("floods", 2, 50, 1000, max_held_bytes=20_000, timeout_s=TIMEOUT_S)
     assert outcome.failure == ("rank 0: the ranks have handed the relay 24000 bytes not yet delivered; at most 20000 "
                                "may be in flight")
     assert outcome.errors[0] == outcome.errors[1] == f"RuntimeError: relay: {outcome.failure}"
     sends = [r for r in outcome.records if r["op"] == "send"]
     assert len(sends) == 6 and all(r["completed_s"] is None and r["error"] == outcome.failure for r in sends)
+
+
+def test_operations_are_capped_empty_or_not():
+    outcome = run("floods", 2, 500, 0, max_operations=40, timeout_s=TIMEOUT_S)
+    assert outcome.failure == "rank 0: more than 40 operations in one world"
+    assert set(outcome.errors) == {0, 1} and len(outcome.records) == 40
 
 
 def test_a_rank_is_the_socket_it_speaks_on_whatever_it_says():

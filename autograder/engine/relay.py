@@ -17,8 +17,8 @@ A world fails as a whole, and nothing waits past ``timeout_s``: parts that do no
 rank that disconnects while another waits for it (or with a request of its own unanswered), a
 collective or receive not completed within ``timeout_s`` of its first arrival, a rank that
 does not connect within ``timeout_s`` of the first, a message over ``max_message_bytes`` (refused
-before its body is read), more than ``max_held_bytes`` handed over and not yet delivered, or
-answers a rank does not read. Every waiting rank is then answered with the same error, and so
+before its body is read), more than ``max_held_bytes`` handed over and not yet delivered, more
+than ``max_operations`` logged or waiting, or answers a rank does not read. Every waiting rank is then answered with the same error, and so
 is every later request.
 
 **Sends are buffered.** A send completes as soon as the relay holds its bytes, whether or not
@@ -35,7 +35,8 @@ all-reduce a wrong tensor, which only the values it returns reveal. Timing is th
 clock at arrival and completion, which includes the rank's own scheduling. Reductions run in
 rank order, so floating-point sums can differ from gloo's in the last bits (exact for
 integer-valued data). Requests are decoded in the grading process, each bounded by
-``max_message_bytes``, and all held data by ``max_held_bytes``; the caller sizes both.
+``max_message_bytes``, all held data by ``max_held_bytes`` and the log's length by
+``max_operations``; the caller sizes them.
 """
 
 from __future__ import annotations
@@ -124,12 +125,13 @@ class Relay:
     with the folder around the socket closed to everyone else."""
 
     def __init__(self, socket_paths: list[str], *, timeout_s: float, max_message_bytes: int,
-                 max_held_bytes: int | None = None, socket_mode: int = 0o600):
+                 max_held_bytes: int | None = None, max_operations: int = 100_000, socket_mode: int = 0o600):
         if not socket_paths:
             raise ValueError("a world has at least one rank")
         self.timeout_s = float(timeout_s)
         self.max_message_bytes = int(max_message_bytes)
         self.max_held_bytes = int(max_held_bytes if max_held_bytes is not None else 8 * max_message_bytes)
+        self.max_operations = int(max_operations)
         self.world_size = len(socket_paths)
         # Answers waiting for a rank: what is held, plus a gather's answer of every rank's message.
         self._max_outbox = self.max_held_bytes + self.world_size * self.max_message_bytes
@@ -385,6 +387,15 @@ class Relay:
         self._held = 0
         self._changed.notify_all()
 
+    def _count_operation(self) -> None:
+        # Every record and every receive waiting costs the grading process memory, empty or not.
+        if len(self._records) + len(self._posted) >= self.max_operations:
+            raise Refused(f"more than {self.max_operations} operations in one world")
+
+    def _log(self, record: dict) -> None:
+        self._count_operation()
+        self._records.append(record)
+
     def _hold(self, nbytes: int) -> None:
         self._held += nbytes
         if self._held > self.max_held_bytes:
@@ -473,7 +484,7 @@ class Relay:
         seq = sender.messages_to.get(dst, 0)
         sender.messages_to[dst] = seq + 1
         record = ops.message_record(req, seq, dst, tag)
-        self._records.append(record)
+        self._log(record)
         mail = _Mail(req.rank, tag, req.tensors[0], record)
         posted = next((p for p in self._posted if p.rank == dst and p.tag == tag and p.src in (None, req.rank)), None)
         if posted is not None:
@@ -503,6 +514,7 @@ class Relay:
             source = f"rank {src}, which has" if src is not None else "every other rank, which have"
             self._fail(f"rank {req.rank}'s recv waits for {source} left the world")
             return
+        self._count_operation()
         self._posted.append(posted)
 
     def _deliver(self, mail: _Mail, posted: _Posted) -> None:
@@ -525,7 +537,7 @@ class Relay:
         slot = self._slots.get(seq)
         if slot is None:
             record = ops.record(req, seq, self.world_size, root, contributed)
-            self._records.append(record)
+            self._log(record)
             slot = self._slots[seq] = _Slot(seq, signature, described, req.rank, req.arrived, record)
         elif signature != slot.signature:
             raise Mismatch(f"collective #{seq} does not match across ranks: rank {slot.first_rank} called "

@@ -114,9 +114,11 @@ class RelayWork(dist._Work):
         return whole
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        # torch passes no timeout, or zero, for "the group's".
         seconds = timeout.total_seconds() if timeout else 0.0
-        if not self._done.wait(seconds if seconds > 0 else self._timeout_s + GRACE_S):
-            raise RuntimeError(f"relay: no answer within {seconds if seconds > 0 else self._timeout_s + GRACE_S:g} s")
+        limit = seconds if seconds > 0 else self._timeout_s + GRACE_S
+        if not self._done.wait(limit):
+            raise RuntimeError(f"relay: no answer within {limit:g} s")
         if self._error is not None:
             raise self._error
         return True
