@@ -21,6 +21,7 @@ from multiprocessing import connection
 import torch
 import torch.distributed as dist
 
+from autograder.engine import relay_backend
 from autograder.engine import relay_protocol as protocol
 from autograder.engine.relay import Relay
 from autograder.engine.relay_backend import init_relay_world
@@ -28,8 +29,8 @@ from autograder.engine.relay_backend import init_relay_world
 # What the fork server imports once for every rank. torch._dynamo is among them because an
 # optimizer's first step imports it: seconds in every rank otherwise.
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.distributed.fsdp",
-           "autograder.engine.relay_backend", "relay_ranks", "fastdl_lab.distributed.ddp", "fastdl_lab.distributed.ring",
-           "fastdl_lab.distributed.fsdp", "fastdl_lab.distributed.tensor_parallel"]
+           "autograder.engine.relay_backend", "relay_ranks", "fastdl_lab.distributed.ddp",
+           "fastdl_lab.distributed.ring", "fastdl_lab.distributed.fsdp", "fastdl_lab.distributed.tensor_parallel"]
 PROGRAMS: dict = {}
 _context = None
 
@@ -305,9 +306,11 @@ def overlaps(rank: int, world: int) -> dict:
         return {}
     issued = time.monotonic()
     work = dist.all_reduce(t, async_op=True)
+    relay_backend.mark("computing")
     time.sleep(0.6)
     done_before_wait = work.is_completed()
     waited = time.monotonic()
+    relay_backend.mark("waiting")
     work.wait()
     return {"issued": issued, "waited": waited, "done_before_wait": done_before_wait, "sum": t}
 

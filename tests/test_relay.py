@@ -109,10 +109,14 @@ def test_async_work_is_sent_when_called_and_done_without_waiting():
     outcome = run("overlaps", 3)
     _ok(outcome)
     rank0 = outcome.results[0]
-    (record,) = outcome.records
+    (record,) = _collectives(outcome.records)
     assert rank0["issued"] <= record["arrived_s"][0] < rank0["waited"] - 0.3
     assert record["completed_s"] < rank0["waited"] and rank0["done_before_wait"]
     assert rank0["sum"].tolist() == [3.0] * 4
+    # Marks: where rank 0 said it was, on the relay's clock.
+    marks = [r for r in outcome.records if r["kind"] == "mark"]
+    assert [(m["label"], m["seq"], m["src"]) for m in marks] == [("computing", 0, 0), ("waiting", 1, 0)]
+    assert record["arrived_s"][0] <= marks[0]["arrived_s"][0] and marks[1]["arrived_s"][0] >= rank0["waited"]
 
 
 def test_torch_ddp_and_the_course_bucketed_ddp_train_over_the_relay():

@@ -11,15 +11,17 @@ logged here (``records``), in the grading process, where no rank can write: whic
 operation, dtype, shape, elements, the bytes each rank handed over and was handed back,
 root/source/destination, tag, sequence number, and this process's monotonic clock when each rank
 arrived and when the operation completed. A ring all-reduce's traffic, a DDP wrapper's
-all-reduce count, sizes and order, FSDP's gathers: all of them are read from this log.
+all-reduce count, sizes and order, FSDP's gathers: all of them are read from this log. A rank
+may also log a *mark* (``relay_backend.mark``), a label stamped with the relay's clock on
+arrival: where the rank's own program says it is (a step's backward, say), self-reported.
 
 A world fails as a whole, and nothing waits past ``timeout_s``: parts that do not match, a
 rank that disconnects while another waits for it (or with a request of its own unanswered), a
 collective or receive not completed within ``timeout_s`` of its first arrival, a rank that
 does not connect within ``timeout_s`` of the first, a message over ``max_message_bytes`` (refused
 before its body is read), more than ``max_held_bytes`` handed over and not yet delivered, more
-than ``max_operations`` logged or waiting, or answers a rank does not read. Every waiting rank is then answered with the same error, and so
-is every later request.
+than ``max_operations`` logged or waiting, or answers a rank does not read. Every waiting rank
+is then answered with the same error, and so is every later request.
 
 **Sends are buffered.** A send completes as soon as the relay holds its bytes, whether or not
 the receive is posted (gloo does the same for small messages; here for every size, up to
@@ -104,6 +106,7 @@ class _Rank:
         self.connected = self.left = False
         self.collectives = 0  # the next collective's place in this rank's sequence
         self.messages_to: dict[int, int] = {}  # messages sent so far to each destination
+        self.marks = 0
         self.waiting: dict[int, str] = {}  # requests not answered yet: id -> what they are
         self.outbox: deque = deque()
         self.outbox_bytes = 0
@@ -184,14 +187,15 @@ class Relay:
             return self._failure
 
     def records(self) -> list[dict]:
-        """The log so far, a copy: one record per collective and per point-to-point message, in
-        order of first arrival. Fields: ``kind`` ("collective" or "p2p"), ``op``, ``seq`` (a
-        collective's place in every rank's sequence; a message's index on its source-destination
-        link), ``ranks``, ``src`` and ``dst`` (root, source, destination, or None), ``tag``,
-        ``reduce``, ``dtype``, ``shape`` and ``numel`` (of what each rank contributes; for several
-        tensors the first one's shape and the elements of all), ``sent_bytes`` and
-        ``received_bytes`` ({rank: bytes} handed to and by the relay), ``arrived_s`` ({rank:
-        clock}), ``completed_s`` (None until done) and ``error``."""
+        """The log so far, a copy: one record per collective, point-to-point message and mark, in
+        order of first arrival. Fields: ``kind`` ("collective", "p2p" or "mark"), ``op``, ``seq``
+        (a collective's place in every rank's sequence; a message's index on its
+        source-destination link; a mark's index among its rank's), ``label`` (marks only),
+        ``ranks``, ``src`` and ``dst`` (root, source, destination, or None), ``tag``, ``reduce``,
+        ``dtype``, ``shape`` and ``numel`` (of what each rank contributes; for several tensors the
+        first one's shape and the elements of all), ``sent_bytes`` and ``received_bytes`` ({rank:
+        bytes} handed to and by the relay), ``arrived_s`` ({rank: clock}), ``completed_s`` (None
+        until done) and ``error`` (the world's failure, on every record it left incomplete)."""
         with self._lock:
             return copy.deepcopy(self._records)
 
@@ -415,7 +419,11 @@ class Relay:
         try:
             request = ops.parse(r.rank, request_id, message, arrived)
             r.waiting[request_id] = request.op
-            if request.op == "send":
+            if request.op == "mark":
+                r.marks += 1
+                self._log(ops.mark_record(request, r.marks - 1))
+                self._reply(r.rank, request_id, [])
+            elif request.op == "send":
                 self._send(request)
             elif request.op == "recv":
                 self._recv(request)

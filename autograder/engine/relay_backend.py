@@ -342,6 +342,15 @@ class RelayProcessGroup(dist.ProcessGroup):
     del _not_carried
 
 
+def mark(label: str, group: RelayProcessGroup | None = None) -> RelayWork:
+    """Log ``label`` in the relay's record at the relay's clock, without waiting for it: where
+    this rank's program says it is. Self-reported: code in the rank could send any label."""
+    group = group if group is not None else dist.group.WORLD
+    if not isinstance(group, RelayProcessGroup):
+        raise TypeError("marks go to the relay: join with init_relay_world first")
+    return group._request("mark", [], [], label=str(label)[:protocol.MARK_CHARS])
+
+
 def _create(store, rank: int, world_size: int, timeout: timedelta) -> RelayProcessGroup:
     global _joining
     if _joining is None:

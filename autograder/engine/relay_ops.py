@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from autograder import wire
-from autograder.engine.relay_protocol import OPS, REDUCE_OPS, shown, spec, spec_bytes, spec_numel
+from autograder.engine.relay_protocol import MARK_CHARS, OPS, REDUCE_OPS, shown, spec, spec_bytes, spec_numel
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_single")
 ROOTED = {"broadcast": "src", "scatter": "src", "reduce": "dst", "gather": "dst"}
@@ -93,6 +93,8 @@ def parse(rank: int, request_id: int, message: dict, arrived: float) -> Request:
                 raise Refused(f"{op}: a bitwise {how} of {t.dtype} tensors (integers and bool only)")
     if type(fields.get("tag", 0)) is not int:
         raise Refused(f"{op}: tag must be an int")
+    if op == "mark" and not (isinstance(fields.get("label"), str) and len(fields["label"]) <= MARK_CHARS):
+        raise Refused(f"a mark's label is a string of at most {MARK_CHARS} characters")
     return Request(rank, request_id, op, tensors, fields, arrived)
 
 
@@ -234,3 +236,11 @@ def message_record(req: Request, seq: int, dst: int, tag: int) -> dict:
             "sent_bytes": {req.rank: req.nbytes}, "received_bytes": {}, "arrived_s": {req.rank: req.arrived},
             "completed_s": None, "error": None}
 
+
+
+def mark_record(req: Request, seq: int) -> dict:
+    """A mark's log record: the rank's label at the relay's clock (what the rank's code says)."""
+    return {"kind": "mark", "op": "mark", "seq": seq, "ranks": [req.rank], "src": req.rank, "dst": None, "tag": None,
+            "reduce": None, "dtype": None, "shape": [], "numel": 0, "sent_bytes": {req.rank: 0},
+            "received_bytes": {req.rank: 0}, "arrived_s": {req.rank: req.arrived}, "completed_s": req.arrived,
+            "error": None, "label": req.fields["label"]}

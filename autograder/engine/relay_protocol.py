@@ -10,7 +10,9 @@ reads the body, so a peer can make it hold at most one capped frame.
 - rank -> relay: ``{"id": int, "op": str, ...}``, sent the moment the call is made (``OPS``
   lists the fields of each); the relay answers every request once, in any order:
   ``{"id", "tensors": [...], "src"?: int}`` (what to copy into the call's outputs, in order) or
-  ``{"id", "error": str}``. After a world has failed, every answer is that error.
+  ``{"id", "error": str}``. After a world has failed, every answer is that error. A ``mark``
+  moves no data: the relay logs its label at the relay's clock (a phase of the rank's own
+  program, as the rank's code says it).
 
 A tensor's *spec* is ``[dtype name, shape]``: what a rank declares about a tensor it receives
 into, where it hands over no data (a broadcast's receivers, a recv's buffer).
@@ -43,7 +45,9 @@ OPS = {
     "barrier": (),
     "send": ("tensors: [tensor]", "dst", "tag"),
     "recv": ("output", "src (None: any source)", "tag"),
+    "mark": ("label",),
 }
+MARK_CHARS = 100
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 
 
