@@ -107,8 +107,10 @@ def test_the_grader_times_each_call_it_drives(tmp_path):
     body = ("while True:\n"
             "    request = link.next_request()\n"
             "    if request is None:\n        break\n"
+            "    if request['args'].get('early'):\n"
+            "        link.send('result', id=request['id'] + 1, value='guessed')\n"
             "    time.sleep(request['args']['sleep'])\n"
-            "    link.send('result', value=request['args']['sleep'] * 2)\n"
+            "    link.send('result', id=request['id'], value=request['args']['sleep'] * 2)\n"
             "link.send('outputs', value=None)\n")
     thread = threading.Thread(target=lambda: done.setdefault("result", _child(tmp_path, endpoint, body)))
     thread.start()
@@ -117,6 +119,10 @@ def test_the_grader_times_each_call_it_drives(tmp_path):
     assert value == 0.4 and 0.19 <= seconds < 2
     with pytest.raises(channel.ChannelError, match="no result within"):
         endpoint.call("run", 0.1, sleep=1.0)
+    # A result for the next call, sent ahead of its request, answers nothing; nor does the late one.
+    assert endpoint.call("run", 20, sleep=0.1, early=True)[0] == 0.2
+    value, seconds = endpoint.call("run", 20, sleep=0.3)
+    assert value == 0.6 and seconds >= 0.29
     endpoint.finish()
     thread.join(30)
     assert done["result"].ok, done["result"].output_tail

@@ -149,6 +149,7 @@ class Endpoint:
         self._results: queue.Queue = queue.Queue()
         self._connected = threading.Event()
         self._closing = threading.Event()
+        self._calls = 0
         self._send_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True, name="fastdl-channel")
         self._thread.start()
@@ -230,12 +231,27 @@ class Endpoint:
         when the child does not answer within ``timeout_s``."""
         if self._conn is None:
             raise ChannelError("the child never connected")
+        # A result sent before its request (or a second one for an earlier call) answers nothing:
+        # each request carries a number its result must echo.
+        self._calls += 1
+        while True:
+            try:
+                stale = self._results.get_nowait()
+            except queue.Empty:
+                break
+            if stale is None:
+                self._results.put(None)
+                break
         start = time.monotonic()
-        self._send({"kind": "request", "name": name, "args": args})
-        try:
-            result = self._results.get(timeout=timeout_s)
-        except queue.Empty:
-            raise ChannelError(f"no result within {timeout_s:.0f} s") from None
+        deadline = start + timeout_s
+        self._send({"kind": "request", "id": self._calls, "name": name, "args": args})
+        while True:
+            try:
+                result = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ChannelError(f"no result within {timeout_s:.0f} s") from None
+            if result is None or result.get("id") == self._calls:
+                break
         seconds = time.monotonic() - start
         if result is None:
             raise ChannelError(self.received.problem or "the child closed the line")

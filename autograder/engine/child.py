@@ -203,12 +203,13 @@ def _serve(item, ns: dict, inputs: dict, link, reference: bool) -> None:
         request = link.next_request()
         if request is None:
             return
+        number = request.get("id")
         try:
             value = run(request.get("args", {}))
             device.synchronize()
-            link.send("result", value=value)
+            link.send("result", id=number, value=value)
         except Exception as exc:  # noqa: BLE001 - the call's failure is the grader's to judge
-            link.send("result", error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
+            link.send("result", id=number, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
 
 
 def _report(link, status: str, exc: BaseException) -> None:

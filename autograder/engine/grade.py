@@ -507,7 +507,7 @@ def _session_failure(item: Item, role: str, session: _Session, what: str) -> Ite
         return ItemResult(item.name, 0.0, item.points, "not_graded",
                           clean_reason(f"the grader's reference run {what}: a fault of the grading machine, "
                                        "not of the submission"))
-    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(f"the timed call {what}"))
+    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(redact_numbers(f"the timed call {what}")))
 
 
 def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict,
