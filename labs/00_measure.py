@@ -361,6 +361,10 @@ print(f"per step: {overlapped * 1e3:.1f} ms overlapped, {serialized * 1e3:.1f} m
 # first and make sure they have finished before timing; then for each iteration, time one launch
 # *including* its completion. One sample per iteration (not a single average) lets you see the
 # spread, which is what the harness reports as the inter-quartile range.
+#
+# The autograder hands `time_op` a device with the same methods and counters that runs outside
+# your process, on the grader's clock, and keeps its own record of every launch and synchronize:
+# the grade rests on that record, and your samples must agree with it.
 
 # %% nbgrader={"grade_id": "timing_code", "solution": true}
 import time

@@ -116,59 +116,139 @@ def _calculators_wrong(inputs: dict, outputs: list) -> dict[str, str]:
     return wrong
 
 
-def _batches_wrong(inputs: dict, answers: list) -> list[str]:
+def _batches_scored(inputs: dict, answers: list) -> tuple[int, list[str], str]:
+    """How many hidden layers earn credit, what was wrong, and why right answers earned nothing.
+    "No batch" is the answer of a quarter of the layers, and a function that always says so has
+    found none: those answers count only beside at least one batch found right."""
     from fastdl_lab.measure import compute_bound_batch_ref
 
-    wrong = []
+    wrong, right_none, right_batch = [], 0, 0
     for c, got in zip(inputs["batch_cases"], answers, strict=True):
         expected = compute_bound_batch_ref(**c)
-        if got is None and expected is None or isinstance(got, float) and got == expected:
+        if got is None and expected is None:
+            right_none += 1
+            continue
+        if isinstance(got, float) and got == expected:
+            right_batch += 1
             continue
         args = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.items())
         wrong.append(f"compute_bound_batch({args}) gave {_shown(got)}, expected {expected}")
-    return wrong
+    if not right_batch and right_none:
+        return 0, wrong, (f"None on the {right_none} layers with no compute-bound batch earns nothing while "
+                          "no batch is found right")
+    return right_batch + right_none, wrong, ""
 
 
 def roofline_check(inputs: dict, outputs, params: dict) -> Verdict:
     calculators, batches = outputs["calculators"], outputs["batches"]
     wrong = _calculators_wrong(inputs, calculators)
-    missed = _batches_wrong(inputs, batches)
+    credited, missed, unearned = _batches_scored(inputs, batches)
     right, n_batch = len(CALCULATORS) - len(wrong), len(inputs["batch_cases"])
-    fraction = CALCULATOR_SHARE * right / len(CALCULATORS) + (1 - CALCULATOR_SHARE) * (n_batch - len(missed)) / n_batch
+    fraction = CALCULATOR_SHARE * right / len(CALCULATORS) + (1 - CALCULATOR_SHARE) * credited / n_batch
     summary = (f"{right}/{len(CALCULATORS)} calculators correct on {len(inputs['cases'])} hidden cases; "
-               f"compute_bound_batch correct on {n_batch - len(missed)}/{n_batch} hidden layers")
-    problems = list(wrong.values()) + missed[:1]
+               f"compute_bound_batch credited on {credited}/{n_batch} hidden layers")
+    problems = list(wrong.values()) + missed[:1] + ([unearned] if unearned else [])
     return Verdict(fraction, summary + ("; " + "; ".join(problems) if problems else ""))
 
 
 def timing_inputs(seed: int, params: dict) -> dict:
+    """The op's length and the loop's counts, drawn per student: a loop that hard-codes the
+    notebook's counts launches the wrong number of ops."""
     rng = random.Random(seed)
     op = float(params.get("op_seconds", 0.02)) * rng.uniform(0.8, 1.25)
-    return {"op_seconds": op, "compile_seconds": float(params.get("compile_seconds", 0.4)), "iters": int(params.get("iters", 6))}
+    iters = int(params.get("iters", 6))
+    return {"op_seconds": op, "compile_seconds": float(params.get("compile_seconds", 0.4)),
+            "iters": rng.randint(iters, iters + 2), "warmup": rng.randint(1, 3)}
+
+
+def timing_services(inputs: dict, params: dict) -> dict:
+    from autograder.labs._simulated_device import SERVICE, DeviceService
+
+    return {SERVICE: DeviceService(inputs["op_seconds"], inputs["compile_seconds"])}
 
 
 def timing_drive(ns: dict, inputs: dict) -> list[float]:
-    from fastdl_lab.measure import SimulatedAsyncDevice
+    # The device is the grader's (DeviceService); the student's loop holds a handle on it.
+    from autograder.labs._simulated_device import RemoteDevice
 
-    with SimulatedAsyncDevice(op_seconds=inputs["op_seconds"], compile_seconds=inputs["compile_seconds"]) as dev:
-        return [float(s) for s in ns["time_op"](dev, iters=inputs["iters"], warmup=2)]
+    with RemoteDevice() as dev:
+        return [float(s) for s in ns["time_op"](dev, iters=inputs["iters"], warmup=inputs["warmup"])]
 
 
-def timing_check(inputs: dict, samples, params: dict) -> Verdict:
-    op, compile_s, iters = inputs["op_seconds"], inputs["compile_seconds"], inputs["iters"]
-    samples = [float(s) for s in samples]
-    if len(samples) != iters:
-        return Verdict.failed(f"time_op returned {len(samples)} samples for iters={iters}")
-    # Sleeps only ever run long, so a synced sample is never much below the true op time.
-    if min(samples) < 0.8 * op:
-        return Verdict.failed(
-            f"a sample of {min(samples) * 1e3:.2f} ms for an op that takes {op * 1e3:.1f} ms: "
-            "the loop does not wait for the device (missing synchronize)", samples=samples)
+# Seconds by which a sample may leave the window the grader's record allows it: the child's clock
+# and the grader's are the same kernel clock, read a few function calls apart.
+SAMPLE_SLACK_S = 0.002
+WAITS = ("synchronize", "result")
+
+
+def _loop_problem(events: list, warmup: int, iters: int) -> tuple[str, list[tuple[int, int, int, int]]]:
+    """What is wrong with the loop the device saw (``events`` end with the drive's close), or "" and,
+    per timed launch, the indices of the last launch or wait before it, itself, the first wait after
+    it, and the next launch (or the close): the sample's timer ran inside the last pair."""
+    launches = [i for i, (call, _, _) in enumerate(events) if call == "launch"]
+    if len(launches) != warmup + iters:
+        plural = "" if len(launches) == 1 else "es"
+        return (f"the device saw {len(launches)} launch{plural}; warmup={warmup} and iters={iters} make "
+                f"{warmup + iters}"), []
+    waits = [i for i, (call, _, _) in enumerate(events) if call in WAITS]
+    if warmup and not any(launches[warmup - 1] < w < launches[warmup] for w in waits):
+        return ("the first timed launch was queued behind the warm-up launches: wait for the warm-up "
+                "to finish before starting the timer"), []
+    # The drive's close (the last event) comes after time_op returned, so after the last timer stopped.
+    ends = launches + [len(events) - 1]
+    timed = []
+    for j, k in enumerate(launches[warmup:]):
+        nxt = ends[warmup + j + 1]
+        after = [w for w in waits if k < w < nxt]
+        if not after:
+            return (f"timed launch {j + 1} of {iters} was never waited for (no synchronize before the "
+                    "next launch): the loop times the launch, not the work"), []
+        before = max(i for i in launches + waits if i < k)
+        timed.append((before, k, after[0], nxt))
+    return "", timed
+
+
+def _sample_problem(samples: list[float], events: list, timed: list, op: float, compile_s: float) -> str:
+    for j, (s, (before, launch, wait, nxt)) in enumerate(zip(samples, timed, strict=True)):
+        inside = events[wait][2] - events[launch][1]  # from the launch's arrival to the wait's answer
+        around = events[nxt][1] - events[before][2]
+        if s < inside - SAMPLE_SLACK_S:
+            return (f"sample {j + 1} is {s * 1e3:.2f} ms, but the grader's device took {inside * 1e3:.2f} ms "
+                    "from that launch to its synchronize: the samples are not the loop's measurements")
+        if s > around + SAMPLE_SLACK_S:
+            return (f"sample {j + 1} is {s * 1e3:.2f} ms, longer than the {around * 1e3:.2f} ms between the "
+                    "device calls around it: the samples are not the loop's measurements")
     if max(samples) > op + 0.5 * compile_s:
-        return Verdict.failed(
-            f"a sample of {max(samples) * 1e3:.0f} ms includes the {compile_s * 1e3:.0f} ms first-call "
-            "compilation: warm up before timing", samples=samples)
-    return Verdict.passed(f"median {sorted(samples)[iters // 2] * 1e3:.1f} ms for a {op * 1e3:.1f} ms op", samples=samples)
+        return (f"a sample of {max(samples) * 1e3:.0f} ms for a {op * 1e3:.1f} ms op: the timed region holds "
+                "more than one launch and its synchronize")
+    return ""
+
+
+def timing_check(inputs: dict, samples, params: dict, observed) -> Verdict:
+    """Judged on the grader's record of the device (``DeviceService``): the launches, the waits and
+    the intervals between them on the grader's clock. The samples the child returns must be ones
+    that record explains; they are never believed on their own."""
+    op, compile_s = inputs["op_seconds"], inputs["compile_seconds"]
+    iters, warmup = inputs["iters"], inputs["warmup"]
+    record = observed.services.get("device") or {}
+    events = record.get("events", [])
+    closed = next((i for i, (call, _, _) in enumerate(events) if call == "close"), None)
+    if closed is None:
+        return Verdict.failed("the grader's device was never closed by the grader's runner: the samples did not "
+                              "come back from time_op through it")
+    events = events[:closed + 1]  # what came after time_op returned is not its loop
+    if not isinstance(samples, list) or len(samples) != iters or not all(
+            isinstance(s, float) and math.isfinite(s) for s in samples):
+        return Verdict.failed(f"time_op must return {iters} numbers for iters={iters}")
+    problem, timed = _loop_problem(events, warmup, iters)
+    if not problem:
+        problem = _sample_problem(samples, events, timed, op, compile_s)
+    if problem:
+        return Verdict.failed(problem, samples=samples)
+    return Verdict.passed(
+        f"median {sorted(samples)[iters // 2] * 1e3:.1f} ms for a {op * 1e3:.1f} ms op; the grader's device saw "
+        f"{warmup} warm-up launches past the {compile_s * 1e3:.0f} ms compilation, then {iters} timed launches, "
+        "each waited for", samples=samples)
 
 
 LAB = LabSpec(
@@ -179,6 +259,7 @@ LAB = LabSpec(
              kind="correctness",
              description="FLOPs, bytes, intensity, attainable FLOP/s and MFU; the batch from which a layer is compute-bound"),
         Item("timing", 3, ("timing_code",), timing_inputs, timing_drive, timing_check,
-             kind="mechanism", description="per-iteration time of an asynchronous op, warmed up and synced"),
+             kind="mechanism", services=timing_services, withheld=("op_seconds", "compile_seconds"),
+             description="per-iteration time of an asynchronous op, warmed up and synced (on the grader's device)"),
     ],
 )

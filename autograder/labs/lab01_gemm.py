@@ -118,9 +118,21 @@ def _matmul_check(inputs: dict, outputs, params: dict) -> Verdict:
     return per_case(labels, check_one)
 
 
+def _short_band_case(rng: random.Random) -> tuple[int, int, int]:
+    """A grid whose last band of ``group_m`` rows is shorter than the others."""
+    while True:
+        m, n, g = rng.randint(3, 13), rng.randint(1, 13), rng.randint(2, 6)
+        if g < m and m % g:
+            return m, n, g
+
+
 def grouped_inputs(seed: int, params: dict) -> dict:
     rng = random.Random(seed)
-    cases = [(rng.randint(1, 13), rng.randint(1, 13), rng.randint(1, 6)) for _ in range(int(params.get("cases", 12)))]
+    count = int(params.get("cases", 12))
+    # Two grids at least with a shorter last band: an order that ignores it must meet one.
+    cases = [_short_band_case(rng) for _ in range(2)]
+    cases += [(rng.randint(1, 13), rng.randint(1, 13), rng.randint(1, 6)) for _ in range(count - 2)]
+    rng.shuffle(cases)
     return {"cases": cases}
 
 
@@ -133,11 +145,16 @@ def grouped_check(inputs: dict, outputs, params: dict) -> Verdict:
     from fastdl_lab.gemm import grouped_pid_ref, row_major_pid, tiles_touched
 
     for (m, n, g), got in zip(inputs["cases"], outputs, strict=True):
+        # Every program of the grid, each once: a shorter answer leaves programs unchecked.
+        if not isinstance(got, list) or len(got) != m * n:
+            return Verdict.failed(f"expected the tiles of all {m * n} programs of a {m}x{n} grid, "
+                                  f"got {len(got) if isinstance(got, list) else type(got).__name__}")
         for pid, pair in enumerate(got):
             expected = list(grouped_pid_ref(pid, m, n, g))
-            if list(pair) != expected:
-                return Verdict.failed(
-                    f"grouped_pid({pid}, num_pid_m={m}, num_pid_n={n}, group_m={g}) gave {tuple(pair)}, expected {tuple(expected)}")
+            if not isinstance(pair, list) or pair != expected:
+                shown = tuple(pair) if isinstance(pair, list) else type(pair).__name__
+                return Verdict.failed(f"grouped_pid({pid}, num_pid_m={m}, num_pid_n={n}, group_m={g}) gave "
+                                      f"{shown}, expected {tuple(expected)}")
     wave = 16
     grouped = tiles_touched(grouped_pid_ref, 16, 16, wave, group_m=4)
     row = tiles_touched(row_major_pid, 16, 16, wave)

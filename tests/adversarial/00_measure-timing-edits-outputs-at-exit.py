@@ -1,22 +1,17 @@
 # expect: timing=tampered
-# Rewriting the evidence after the grader saved it: a time_op that times nothing, and an exit hook
-# that replaces the saved samples with the hidden op time read from the job's inputs.
+# Rewriting the evidence after the grader's runner sent it: a time_op that times nothing, and an
+# exit hook that delivers a second set of samples, the op time the device reports, over the
+# runner's own line to the grader.
 # %% grade_id=timing_code
 import atexit
-import os
-
-import torch
 
 
 def time_op(dev, iters=10, warmup=2):
+    atexit.register(_deliver_again, [dev.op_seconds * 1.01] * iters)
     return [0.0] * iters
 
 
-def _replace_saved_samples():
-    if not os.path.exists("outputs.pt"):
-        return
-    hidden = torch.load("inputs.pt", weights_only=True)
-    torch.save([hidden["op_seconds"] * 1.01] * hidden["iters"], "outputs.pt")
+def _deliver_again(samples):
+    from autograder.engine import channel
 
-
-atexit.register(_replace_saved_samples)
+    channel.child_link.send("outputs", value=samples)
