@@ -34,6 +34,8 @@ import os
 import sys
 import traceback
 
+from autograder.engine import faults
+
 ERROR_CHARS = 2000
 # The timing harness's own functions and the clocks it bound at import (timing.INSTRUMENTS names
 # the library attributes they came from).
@@ -236,7 +238,7 @@ def main(workdir: str) -> int:
         except Tampered as tampered:
             _write_error(workdir, "tampered", tampered)
             return 3
-        _write_error(workdir, "error", exc)
+        _write_error(workdir, faults.child_status(exc), exc)
         return 3
     saved = io.BytesIO()
     torch.save(outputs, saved)

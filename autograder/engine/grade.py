@@ -31,7 +31,7 @@ import torch
 import autograder
 from autograder import notebook, profiles
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, delivery, kernels, prefork, speed
+from autograder.engine import artefacts, bwrap, delivery, faults, kernels, prefork, speed
 from autograder.engine.items import Item, LabSpec, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -198,7 +198,8 @@ class _Workdir:
         try:
             report = json.loads(read_regular(path, ERROR_CAP))
             status = report.get("status", "error")
-            return (status if status in ("error", "tampered", "not_a_kernel") else "error"), str(report["error"])
+            known = ("error", "tampered", "not_a_kernel", faults.MACHINE)
+            return (status if status in known else "error"), str(report["error"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return "error", "the child reported an error it could not describe"
 
@@ -254,6 +255,9 @@ def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path |
 
 def _failure(item: Item, result: ChildResult, work: _Workdir) -> ItemResult:
     reported = work.error() if result.status == "error" else None
+    fault = faults.machine_fault(reported, result.output_tail) if result.status == "error" else None
+    if fault:
+        return ItemResult(item.name, 0.0, item.points, faults.NOT_GRADED, clean_reason(fault))
     if reported:
         status, message = reported
         if status == "error":
