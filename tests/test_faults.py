@@ -82,6 +82,8 @@ def test_no_gpu_is_the_machines_fault_only_where_the_child_was_given_one():
     assert faults.exception_fault(exc, gpu=True)
     # On a CPU profile the grader hides the GPU: code that asks for one made that mistake itself.
     assert faults.exception_fault(exc, gpu=False) is None
+    drivers = RuntimeError("0 active drivers ([]). There should only be one.")  # Triton with no GPU
+    assert faults.exception_fault(drivers, gpu=True) and faults.exception_fault(drivers, gpu=False) is None
     assert faults.exception_fault(ImportError("libcudart.so.13: cannot open shared object file: No such file"),
                                   gpu=False)
 

@@ -53,7 +53,7 @@ _NO_GPU = re.compile("|".join([
 # Functions of Triton that build or locate what every launch needs; an exception raised under
 # them is the machine's (the kernel's own failures come from compiling it, or from the launch).
 _TRITON_BUILD = re.compile(r"triton/runtime/build\.py$")
-_TRITON_SETUP = frozenset({"libcuda_dirs", "library_dirs", "_create_driver"})
+_TRITON_SETUP = frozenset({"libcuda_dirs", "library_dirs"})
 # Where a sandbox that never started says so: bubblewrap's own messages, the fork server's.
 _SANDBOX = ("bwrap: ", "sandbox setup failed (")
 
