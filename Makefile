@@ -24,7 +24,7 @@ export MPLBACKEND := Agg
 # npm's own download cache, kept with the others rather than in $HOME.
 export npm_config_cache := $(CACHE)/npm-cache
 
-.PHONY: demo test test-e2e test-image-stack lab lab-instructor grade progress build venv clean sandbox-tool c-compiler hub hub-proxy slides slides-tool browser-tool bench-gpu
+.PHONY: demo test test-e2e test-image-stack lab lab-instructor grade progress build venv clean sandbox-tool c-compiler hub hub-proxy slides slides-tool browser-tool bench-gpu gpu-class
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
@@ -207,3 +207,12 @@ clean:
 BENCH_PYTHON := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 bench-gpu:
 	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) $(BENCH_PYTHON) benchmarks/gpu.py $(BENCH_ARGS)
+
+
+# On a GPU host: the demo class of every lab (reference, untouched, every buggy demo) graded as
+# `autograde` grades, sandboxed, on the GPU's profile; one row per item in
+# benchmarks/results/gpu_class.csv; exits 1 unless the class scores as its demos promise
+# (CLASS_ARGS="--labs 01,05 --nbgrader --seed N"). On a CPU host it says what it would grade and
+# succeeds. Same Python and source tree as bench-gpu.
+gpu-class:
+	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) $(BENCH_PYTHON) benchmarks/gpu_class.py $(CLASS_ARGS)

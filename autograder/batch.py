@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 from autograder import gradebook, journal, notebook, records, workfolder
 from autograder.course import Course
-from autograder.engine import bwrap
+from autograder.engine import bwrap, toolchain
 from autograder.engine.items import load_lab
 from autograder.jobs import JobResult, JobSpec, grade_job, prepare_scratch
 from fastdl_lab import device
@@ -231,10 +231,13 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
     ``isolated=False`` (``--unsafe-no-isolation``) runs student code without the sandbox and says so
     in every reason; otherwise a machine that cannot isolate raises ``bwrap.IsolationUnavailable``
     before anything is graded. So does ``device.InterpreterBroken`` on a CPU profile where Triton's
-    interpreter cannot run the course's kernels."""
+    interpreter cannot run the course's kernels, and ``toolchain.ToolMissing`` on a GPU profile
+    where no C compiler would build Triton's launcher."""
     if isolated:
         bwrap.check()
-    if not profile.get("gpu"):
+    if profile.get("gpu"):
+        toolchain.check(gpu=True)
+    else:
         # On a CPU profile every kernel runs under Triton's interpreter: where it is broken, every
         # kernel item would grade as the student's error.
         device.check_interpreter()

@@ -284,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from autograder.engine.bwrap import IsolationUnavailable
+    from autograder.engine.toolchain import ToolMissing
 
     args = parser().parse_args(argv)
     # nbgrader and its tools are run by name (alembic): this interpreter's bin first, whether or
@@ -301,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except device.InterpreterBroken as exc:
         print(f"cannot grade on a CPU profile: {exc}", file=sys.stderr)
+        return 2
+    except ToolMissing as exc:
+        print(f"cannot grade on a GPU profile: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Every submission written so far is in the run journal (autograder/journal.py).

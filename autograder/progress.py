@@ -1,8 +1,8 @@
 """What grading shows while it runs: a live bar on a terminal, one plain line per submission otherwise.
 
 Each finished submission prints its score and time (a line is what a CI log or a file keeps; on a
-terminal the lines scroll above the bar). The closing summary counts verdicts by status and names
-every submission that could not be graded.
+terminal the lines scroll above the bar). The closing summary says first how many items could not
+be graded, then counts verdicts by status and names every submission that could not be graded.
 """
 
 from __future__ import annotations
@@ -65,10 +65,19 @@ class Progress:
 
 
 def summary_lines(records: list[dict]) -> list[str]:
-    """Verdicts by status across the batch, most common first, and the submissions not graded."""
+    """Verdicts by status across the batch, most common first, and the submissions not graded.
+    Items the grader could not grade (a worker lost, a fault of the machine: no compiler, no GPU
+    driver, a sandbox that would not start) come first, counted: every other score stands, but
+    those items scored 0 through no fault of the students."""
     statuses = Counter(item["status"] for record in records for item in record["items"])
-    lines = [f"{len(records)} submission(s): " + ", ".join(f"{status} {count}" for status, count in statuses.most_common())]
     lost = [r for r in records if any(i["status"] == "not_graded" for i in r["items"])]
+    lines = []
+    if lost:
+        first = next(i["reason"] for r in lost for i in r["items"] if i["status"] == "not_graded")
+        lines.append(f"NOT GRADED: {statuses['not_graded']} item(s) of {len(lost)} submission(s), a fault of the grader "
+                     f"or its machine, not of the students (first: {shown(first[:160])}); fix it and regrade them")
+    lines.append(f"{len(records)} submission(s): "
+                 + ", ".join(f"{status} {count}" for status, count in statuses.most_common()))
     if lost:
         lines.append(f"{len(lost)} not graded (regrade them with --student):")
         lines += [f"  - {describe(r)}" for r in lost]

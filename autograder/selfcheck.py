@@ -38,7 +38,8 @@ HINTS = {
     "rejected": "the grader refused the code: it calls the library's version or a name it may not use",
     "invalid_notebook": "the file is not a notebook the grader can read (save it from JupyterLab as .ipynb)",
     "needs_gpu": "graded only on a GPU profile; left out of the total on this machine",
-    "not_graded": "the grader itself failed on this item: run the check again",
+    "not_graded": "the grader or its machine failed on this item, not your code (the reason says what): "
+                  "run the check again once that is fixed",
 }
 
 

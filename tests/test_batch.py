@@ -328,8 +328,11 @@ def test_progress_prints_a_line_per_submission_when_not_a_terminal():
     assert lines == [f"[1/2] {LAB} ann?[2J: 4/4 (2 points need a GPU) in 3.2 s",
                      f"[2/2] {LAB} bob: NOT GRADED (the grading worker died)"]
     summary = progress.summary_lines([graded, lost])
-    assert summary[0] == "2 submission(s): passed 1, needs_gpu 1, not_graded 1"
-    assert "1 not graded" in summary[1]
+    # What could not be graded is said first: those items scored 0 through no fault of the student.
+    assert summary[0].startswith("NOT GRADED: 1 item(s) of 1 submission(s)") and "the grading worker died" in summary[0]
+    assert summary[1] == "2 submission(s): passed 1, needs_gpu 1, not_graded 1"
+    assert "1 not graded" in summary[2]
+    assert progress.summary_lines([graded])[0].startswith("1 submission(s)")
 
 
 def test_items_chosen_per_job_override_the_run_wide_choice_and_survive_the_journal(tmp_path):

@@ -336,3 +336,22 @@ def test_speed_item_is_timed_where_no_student_python_runs(cpu, demo):
     assert result.status == "passed", result
     assert len(result.details["candidate_s"]) == 3 and len(result.details["baseline_s"]) == 3
     assert result.details["speedup"] > 0
+
+
+def test_the_demo_class_scores_as_make_gpu_class_requires(demo):
+    """make gpu-class's verdict (benchmarks/gpu_class.py) on this profile's demo class: what needs
+    a GPU is left out; every other item must already score as the demos promise."""
+    import importlib.util
+
+    from autograder import records
+    from autograder.submissions import demo_targets
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gpu_class", os.path.join(root, "benchmarks", "gpu_class.py"))
+    gpu_class = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_class)
+    courses = {id(d.course): d.course for d in demo.values()}.values()
+    graded = [r for course in courses for r in records.read_all(course.records)
+              if r["student"] in gpu_class.planned_students(r["lab"])]
+    assert {r["lab"] for r in graded} == set(all_labs())
+    assert gpu_class.class_problems(graded, demo_targets) == []

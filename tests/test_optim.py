@@ -286,9 +286,11 @@ def test_multi_tensor_table_costs_a_fixed_number_of_torch_ops():
             optim.multi_tensor_table([tensors, tensors, tensors], 4)
         counts[n] = len(mode.ops)
     assert counts[10] == counts[100] > 0, counts
+    # The NumPy buffer taken as a tensor (lift_fresh) and its split; on a GPU also pin_memory(),
+    # which is two ops (is_pinned, then _pin_memory), and the copy to the device (_to_copy): five.
     # Few enough that a build never uses up the op slack lab 04's grader allows a fused step (6):
     # whether a step finds its table built depends on where the allocator put the gradients.
-    assert counts[10] <= 4, mode.ops
+    assert counts[10] <= (5 if DEV == "cuda" else 2), mode.ops
 
 
 def _model(seed=0, dtype=torch.float32):

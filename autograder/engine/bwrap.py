@@ -5,6 +5,8 @@ namespaces, an unprivileged uid, and a root filesystem built from nothing but
 
 - the Python installation and the virtual environment, read-only (an installed full copy of
   ``fastdl_lab`` in site-packages is hidden under an empty directory);
+- the C and C++ compilers, their assembler, linker, headers and libraries, and the CUDA toolkit,
+  read-only, wherever they are installed (``toolchain.py``);
 - the read-only folders the caller names (the *student* copy of the package, the grader's own
   driver code);
 - one private, writable work directory, ``/job``: for student code a capped tmpfs holding the
@@ -31,6 +33,8 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from autograder.engine import toolchain
 
 NOBODY = 65534
 
@@ -104,6 +108,11 @@ def _python_paths() -> list[str]:
     return sorted(p for p in paths if p != "/usr" and not p.startswith("/usr/"))
 
 
+def shown() -> tuple[str, ...]:
+    """The host folders every sandbox shows: what is found below them needs no bind of its own."""
+    return (*SYSTEM_RO, *MERGED_USR, *_python_paths())
+
+
 def _hidden_full_package() -> list[str]:
     """A non-editable install of the full package would put the solutions in site-packages."""
     site = sysconfig.get_paths()["purelib"]
@@ -167,6 +176,10 @@ def plan(view: View) -> list[list]:
         ops += _dir_ops(inside, made, "01777") + [["dir", inside, "01777"]]
         made.add(inside)
     for path in _python_paths():
+        ops += _dir_ops(path, made) + [["ro-bind", path, path]]
+    # The compilers Triton's launcher, lab 09's extensions and torch.compile build with, wherever
+    # this machine installed them (/opt/gcc on the lent GPU image): see toolchain.py.
+    for path in toolchain.find(shown=shown()).binds:
         ops += _dir_ops(path, made) + [["ro-bind", path, path]]
     for host, inside in view.read_only.items():
         ops += _dir_ops(inside, made) + [["ro-bind", host, inside]]

@@ -35,6 +35,8 @@ import json
 import os
 import sys
 
+from autograder.engine import faults
+
 ERROR_CHARS = 2000
 INPUTS = "inputs.wire"
 # The timing harness's own functions and the clocks it bound at import (timing.INSTRUMENTS names
@@ -268,7 +270,7 @@ def main(jobdir: str) -> int:
         except Tampered as tampered:
             _report(link, "tampered", tampered)
             return 3
-        _report(link, "error", exc)
+        _report(link, faults.child_status(exc), exc)
         return 3
     try:
         link.send("outputs", value=outputs)

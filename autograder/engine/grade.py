@@ -33,7 +33,7 @@ from statistics import median
 import autograder
 from autograder import notebook, profiles, wire
 from autograder.records import clean_reason
-from autograder.engine import artefacts, bwrap, channel, kernels, prefork, speed
+from autograder.engine import artefacts, bwrap, channel, faults, kernels, prefork, speed
 from autograder.engine.items import Item, LabSpec, Observed, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
@@ -271,10 +271,16 @@ def redact_numbers(text: str) -> str:
 
 def _failure(item: Item, run: _Run) -> ItemResult:
     result = run.result
+    reported = None
     if result.status == "error" and run.received.errors:
-        reported = run.received.errors[0]
-        status = reported["status"] if reported["status"] in ("error", "tampered", "not_a_kernel") else "error"
-        message = redact_numbers(reported["error"])
+        first = run.received.errors[0]
+        known = ("error", "tampered", "not_a_kernel", faults.MACHINE)
+        reported = (first["status"] if first["status"] in known else "error", first["error"])
+    fault = faults.machine_fault(reported, result.output_tail) if result.status == "error" else None
+    if fault:
+        return ItemResult(item.name, 0.0, item.points, faults.NOT_GRADED, clean_reason(fault), wall_s=result.wall_s)
+    if reported:
+        status, message = reported[0], redact_numbers(reported[1])
         if status == "error":
             message = f"your code raised {message}"
         return ItemResult(item.name, 0.0, item.points, status, clean_reason(message), wall_s=result.wall_s)

@@ -187,11 +187,13 @@ def ml_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 
 def _needs_rapids():
+    from autograder.engine.faults import MachineLacks
     from fastdl_lab import tabular
 
     be = tabular.backend("auto")
     if not be.gpu:
-        raise RuntimeError(f"needs RAPIDS on this GPU host: {be.reason}")
+        # The machine's lack, not the student's: the item is not graded, and says why.
+        raise MachineLacks(f"needs RAPIDS on this GPU host: {be.reason}")
     return be
 
 
