@@ -104,12 +104,12 @@ def test_the_parent_reads_a_fault_from_the_report_or_a_sandbox_that_never_starte
 
 
 def test_an_item_whose_child_hit_a_machine_fault_is_not_graded(tmp_path):
-    class Work:
-        def error(self):
-            return faults.MACHINE, "FileNotFoundError: [Errno 2] No such file or directory: '/opt/gcc/bin/gcc'"
+    from autograder.engine import channel
 
+    received = channel.Received(errors=[{"status": faults.MACHINE, "error": "FileNotFoundError: [Errno 2] No such "
+                                                                             "file or directory: '/opt/gcc/bin/gcc'"}])
     item = grade.Item("row_sum", 2, (), lambda seed, params: {})
-    result = grade._failure(item, ChildResult("error", "exited with code 3", 3, 1.0), Work())
+    result = grade._failure(item, grade._Run(ChildResult("error", "exited with code 3", 3, 1.0), received))
     assert (result.status, result.score, result.counted) == ("not_graded", 0.0, True)
     assert result.reason.startswith(faults.PREFIX) and "/opt/gcc/bin/gcc" in result.reason
     assert "your code" not in result.reason
