@@ -48,6 +48,7 @@ def test_an_honest_unit_passes_with_its_macros_strings_and_warning_switches():
     ("out.backward(grad);", "backward"),
     ("c10::AutoGradMode on(true);", "AutoGradMode"),
     ("auto g = torch::autograd::grad({y}, {x});", "autograd"),
+    ('auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_backward", "");', "Dispatcher"),
 ])
 def test_every_refused_name_is_caught_after_preprocessing(line, named):
     with pytest.raises(CppRefused, match=f"'{named}'"):
@@ -93,6 +94,7 @@ def test_what_honest_aten_code_leaves_undefined_is_allowed():
     "_ZNK2at10TensorBase14requires_grad_Eb", "_ZN3c108GradMode11set_enabledEb",
     "_ZNSt14basic_ofstreamIcSt11char_traitsIcEEC1EPKcSt13_Ios_Openmode",
     "_ZN5torch3jit6ModuleD1Ev", "_ZN8pybind116module_6importEPKc",
+    "_ZN3c1010Dispatcher17findSchemaOrThrowEPKcS2_", "_ZN2at4impl22PythonTorchFunctionTLS9get_stateEv",
 ])
 def test_what_reaches_python_the_loader_the_system_or_autograd_is_not(name):
     assert symbol_problem(name)

@@ -72,6 +72,8 @@ _REFUSED_WORDS = {
                                              "section", "__section__", "alias", "__alias__", "ifunc", "__ifunc__",
                                              "weakref", "__weakref__", "weak", "__weak__", "symver", "__symver__",
                                              "init_priority", "__init_priority__", "visibility", "__visibility__"},
+    "torch's dispatcher by name (an op named in a string)": {"Dispatcher", "OperatorHandle", "findSchema",
+                                                              "findSchemaOrThrow", "findOp", "callBoxed"},
     "autograd (the backward is yours to write)": {"autograd", "backward", "_backward", "requires_grad",
                                                   "requires_grad_", "set_requires_grad", "retain_grad", "grad_fn",
                                                   "_fw_grad", "_set_fw_grad", "_make_dual", "_unpack_dual", "_fw_primal",
@@ -144,8 +146,10 @@ _OPERATORS = re.compile(r"^_Z(?:nw|na|dl|da)[A-Za-z]")
 # autograd's metadata class (its vtable and type), made when a factory function builds a tensor,
 # and torch's header-only helpers; nothing else of torch::.
 _TORCH_ALLOWED = re.compile(r"^_ZT[VIS]N5torch8autograd12AutogradMetaE$|^_ZN?K?5torch10headeronly")
-# Names inside an allowed namespace that reach autograd, the JIT, Python or files.
+# Names inside an allowed namespace that reach autograd, the JIT, Python, the dispatcher by an op's
+# name (which a string can hold: any op, autograd's included), or files.
 _DENIED_PARTS = frozenset({
+    "Dispatcher", "OperatorHandle", "findSchema", "findSchemaOrThrow", "findOp", "callBoxed",
     "autograd", "backward", "_backward", "requires_grad_", "set_requires_grad", "retain_grad", "grad_fn", "_fw_grad",
     "_set_fw_grad", "_make_dual", "_unpack_dual", "_fw_primal", "GradMode", "AutoGradMode", "AutogradState", "jit",
     "python", "PythonTLSSnapshot", "PythonDispatcherTLS", "SafePyObject", "basic_fstream", "basic_ofstream",
@@ -213,7 +217,8 @@ def symbol_problem(name: str, also: frozenset[str] = frozenset()) -> str | None:
         return None if _TORCH_ALLOWED.match(name) else "torch's Python bindings, JIT or autograd"
     if scope not in _NAMESPACES:
         return "a function outside ATen, c10 and the C++ library"
-    denied = sorted(_DENIED_PARTS.intersection(_mangled_parts(name)))
+    parts = _mangled_parts(name)
+    denied = sorted(_DENIED_PARTS.intersection(parts)) or [part for part in parts if "ython" in part]
     if denied:
         return f"it reaches {denied[0]}"
     return None
