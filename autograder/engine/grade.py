@@ -410,7 +410,7 @@ def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox, pa
         return item.built.screen(source, made, params)
     except BuildRefused as exc:
         return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)), wall_s=run.result.wall_s)
-    except (TypeError, KeyError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - what came back is judged as _judge judges outputs
         return ItemResult(item.name, 0.0, item.points, "failed",
                           clean_reason(f"the build's output is not what the grader reads: {type(exc).__name__}: {exc}"))
 
