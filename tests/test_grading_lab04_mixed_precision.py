@@ -4,8 +4,11 @@ torch's dispatcher in a grading child (``autograder/labs/_refusals.py``)."""
 import subprocess
 import sys
 
+import torch
+
 from autograder.engine.items import load_lab
-from autograder.labs.lab04_mixed_precision import adamw
+from autograder.labs.lab04_mixed_precision import adamw, scaling
+from fastdl_lab.amp import train_step_amp
 
 SMALL = {"steps": 2, "tensor_counts": [3, 7], "group_tensors": 6}
 
@@ -42,6 +45,21 @@ def test_frozen_tensors_and_groups_follow_torchs_adamw():
         assert after[i].equal(case["init"][i])
     moved = [i for i in range(len(after)) if i not in case["frozen"]]
     assert all(not after[i].equal(case["init"][i]) for i in moved)
+
+
+def test_a_forward_outside_autocast_fails_on_the_losses_the_grader_recomputes():
+    inputs = scaling.step_inputs(11, {"steps": 8})
+
+    def step(dtype):
+        return lambda m, o, s, x, y, f, clip: train_step_amp(m, o, s, x, y, f, dtype=dtype, max_norm=clip)
+
+    honest = scaling._train(inputs, step(torch.bfloat16))
+    assert scaling.step_check(inputs, honest, {}).fraction == 1
+    # fp32 all along (CPU autocast does not take float32), with the dtype the child's probe saw
+    # forged: the parameters are within their tolerance, the losses are not.
+    fp32 = {**scaling._train(inputs, step(torch.float32)), "dtypes": honest["dtypes"]}
+    verdict = scaling.step_check(inputs, fp32, {})
+    assert verdict.fraction == 0 and "returned losses" in verdict.reason, verdict.reason
 
 
 _REFUSED = r"""
