@@ -3,7 +3,9 @@
 This process never imports or executes student code. Each item runs in a fresh sandboxed child
 (``child.py``, isolated by ``bwrap.py``): a kernel item gets only the student's ``@triton.jit``
 functions, extracted here by AST (``kernels.py``); an artefact item the screened classes and
-functions (``artefacts.py``); a Python item its solution cells. Inputs come from a secret seed per
+functions (``artefacts.py``); a Python item its solution cells; a built item (``Item.built``: lab
+09's C++) the grader's copy of what a build child, which runs no code it builds, compiled from the
+source and the item's screen approved here. Inputs come from a secret seed per
 student and attempt, less what the item withholds, in the data-only format (``autograder.wire``);
 the child's outputs come back over its channel (``channel.py``) in the same format, and the item's
 ``check`` compares them with references computed here. What an item measures about the child is

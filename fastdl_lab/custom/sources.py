@@ -4,7 +4,10 @@
   the student writes this source; everything else here serves any source);
 - ``build_cpp``: the source against torch's tensor API, linked to pybind11 bindings of
   ``lltm_forward`` and ``lltm_backward`` compiled once per machine (``pch``), into a chosen folder;
-  ``first_compiler_error`` turns a failed build into one readable line;
+  ``build_library`` makes the same build without loading it (the shared object, the source's
+  object file and the unit as compiled come back as files, for a grader to judge) and
+  ``load_library`` loads such a shared object from wherever it lies; ``first_compiler_error`` turns
+  a failed build into one readable line;
 - ``CUDA_SOURCE``: the two matrix products stay with ATen (cuBLAS), and one fused kernel per pass
   does all the elementwise gate math, where the C++ version launches one kernel per operator and
   sends every intermediate through memory;
