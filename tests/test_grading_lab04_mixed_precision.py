@@ -70,8 +70,8 @@ from autograder.engine.items import load_lab
 from autograder.labs import _refusals
 
 lab04, lab09 = load_lab("04_mixed_precision"), load_lab("09_custom_ops")
-scopes = [lab04.item("loss_scaler").scope, lab04.item("fused_adamw_launches").scope, lab09.item("per_channel_int8").scope]
-for scope in scopes:
+for scope in (lab04.item("loss_scaler").scope, lab04.item("fused_adamw_launches").scope,
+              lab09.item("per_channel_int8").scope):
     ns = {}
     exec(scope, ns)  # as a grading child runs it, before the student's definitions exist
     assert not any(name.startswith("_") and not name.startswith("__") for name in ns), sorted(ns)
@@ -94,7 +94,8 @@ assert refused(lambda: torch.optim.AdamW([p], foreach=True).step())
 with torch.inference_mode():
     assert refused(lambda: torch._foreach_add_([torch.zeros(2)], 1.0))
 w = torch.randn(4, 3)
-assert refused(lambda: torch.quantize_per_channel(w, torch.ones(4, dtype=torch.double), torch.zeros(4, dtype=torch.long), 0, torch.qint8))
+scales, zeros = torch.ones(4, dtype=torch.double), torch.zeros(4, dtype=torch.long)
+assert refused(lambda: torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8))
 assert refused(lambda: torch.fake_quantize_per_tensor_affine(w, 0.1, 0, -7, 7))
 # What honest solutions and the drivers use still runs.
 p.grad.mul_(0.5)

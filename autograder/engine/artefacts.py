@@ -190,7 +190,8 @@ def string_constant(sources: list[str], name: str) -> str:
     with pyast.LOCK:
         found = None
         for stmt in top_level_statements(sources, ArtefactRejected):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+            targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                       else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                 value = stmt.value
                 found = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else None

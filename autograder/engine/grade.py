@@ -387,7 +387,8 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         work.remove()
 
 
-def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox, params: dict) -> dict[str, bytes] | ItemResult:
+def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox,
+           params: dict) -> dict[str, bytes] | ItemResult:
     """The files the student's child of a ``Built`` item receives: the source (a string constant of
     the cells, read without running them) compiled in a build child, whose output the item's screen
     judges here. An ``ItemResult`` where there is nothing to hand over (the build failed, or the
@@ -407,7 +408,8 @@ def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox, pa
     try:
         made = _outputs(run)
     except _Refused as exc:
-        return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason), wall_s=run.result.wall_s)
+        return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason),
+                          wall_s=run.result.wall_s)
     try:
         return item.built.screen(source, made, params)
     except BuildRefused as exc:

@@ -76,8 +76,8 @@ _REFUSED_WORDS = {
                                                               "findSchemaOrThrow", "findOp", "callBoxed"},
     "autograd (the backward is yours to write)": {"autograd", "backward", "_backward", "requires_grad",
                                                   "requires_grad_", "set_requires_grad", "retain_grad", "grad_fn",
-                                                  "_fw_grad", "_set_fw_grad", "_make_dual", "_unpack_dual", "_fw_primal",
-                                                  "GradMode", "AutoGradMode", "AutogradState", "jit"},
+                                                  "_fw_grad", "_set_fw_grad", "_make_dual", "_unpack_dual",
+                                                  "_fw_primal", "GradMode", "AutoGradMode", "AutogradState", "jit"},
 }
 _REFUSED = {word: what for what, words in _REFUSED_WORDS.items() for word in words}
 
@@ -159,8 +159,8 @@ _DENIED_PARTS = frozenset({
 # which the glue's entry hands over to.
 _GLUE_NEEDS = frozenset({"PyInit_fastdl_lltm_bindings"})
 # Libraries a shared object of the course links: torch's and the C and C++ runtimes.
-_LIBRARIES = re.compile(r"^(?:libc10|libtorch|libtorch_cpu|libtorch_python|libstdc\+\+|libgcc_s|libc|libm|ld-linux[\w.-]*)"
-                        r"\.so(?:\.\d+)*$")
+_LIBRARIES = re.compile(r"^(?:libc10|libtorch|libtorch_cpu|libtorch_python|libstdc\+\+|libgcc_s|libc|libm"
+                        r"|ld-linux[\w.-]*)\.so(?:\.\d+)*$")
 MAX_MANGLED = 4096
 
 

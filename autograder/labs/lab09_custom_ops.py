@@ -363,8 +363,8 @@ LAB = LabSpec(
     name="09_custom_ops",
     preamble="from fastdl_lab import device\n",
     items=[
-        Item("cpp_lltm", 4, ("cpp_code",), cpp_inputs, cpp_drive, cpp_check, built=Built("LLTM_CPP", cpp_build, cpp_screen),
-             build_s=180, torch_headers=True,
+        Item("cpp_lltm", 4, ("cpp_code",), cpp_inputs, cpp_drive, cpp_check,
+             built=Built("LLTM_CPP", cpp_build, cpp_screen), build_s=180, torch_headers=True,
              description="your C++ LLTM forward and backward, built and screened by the grader, run in the sandbox: "
                          "forward equals the Python cell, gradients equal autograd's (float64)"),
         Item("per_channel_int8", 2, ("quant_code",), quant_inputs, quant_drive, quant_check,

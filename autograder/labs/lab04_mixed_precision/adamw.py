@@ -174,7 +174,8 @@ def optimizer_inputs(seed: int, params: dict) -> dict:
 
 
 def _param_groups(case: dict, params: list) -> list[dict]:
-    return [{"params": [params[i] for i in group], **hyper} for group, hyper in zip(case["groups"], case["group_hyper"])]
+    return [{"params": [params[i] for i in group], **hyper}
+            for group, hyper in zip(case["groups"], case["group_hyper"])]
 
 
 def _set_grads(case: dict, params: list, grads: list) -> None:
