@@ -255,7 +255,7 @@ plt.show()
 # `optimizer.step` returns, or `None` when it skips), `update()` and `get_scale()`. The grader
 # runs it step for step against `torch.amp.GradScaler` on hidden runs with overflows injected at
 # hidden steps: the scale after every step, the skipped steps and the final parameters must be the
-# same. (One more pitfall of the real thing: `torch.amp.GradScaler()` *without* a device argument
+# same (GradScaler itself, and the ops it unscales and updates with, are refused while yours runs). (One more pitfall of the real thing: `torch.amp.GradScaler()` *without* a device argument
 # quietly disables itself on a machine without CUDA. Always name the device.)
 
 # %% nbgrader={"grade_id": "scaler_code", "solution": true}
@@ -718,9 +718,13 @@ _check_fused([(9, 9), (513,)], torch.float16, master=True, seed=2)
 # state created on the first step (`exp_avg`, `exp_avg_sq`, a step count), parameters without a
 # gradient skipped, and `step(closure=None)` returning the closure's loss. Its `step` must launch
 # `fused_adamw_kernel` **once per parameter group**, through `multi_tensor_table`, for fp32
-# parameters. The grader replaces `fused_adamw_kernel` by a counter while your optimizer runs, on
-# lists of 8 and of 64 tensors: one launch per step for both, and no per-tensor work growing with
-# the list (it also counts the torch operations your step dispatches on non-scalar tensors).
+# parameters. The grader runs it on lists of 8 and of 64 tensors, and on two parameter groups with
+# their own learning rate and weight decay where some tensors never get a gradient, and compares
+# the parameters with `torch.optim.AdamW`'s (one point). It also replaces `fused_adamw_kernel` by a
+# counter while your optimizer runs: one launch per step for one group, however many tensors, and
+# no per-tensor work growing with the list (it counts the torch operations your step dispatches on
+# non-scalar tensors). Those counts are taken inside your own process, so they carry the other
+# point only. torch's fused and `torch._foreach` kernels are refused while your optimizer runs.
 
 # %% nbgrader={"grade_id": "adamw_optimizer_code", "solution": true}
 from fastdl_lab.optim import multi_tensor_table

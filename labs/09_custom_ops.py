@@ -109,8 +109,10 @@ print("the hand-written Python backward agrees with autograd")
 # placeholder lines (Python's `raise NotImplementedError()`, which is not C++) with your code. An
 # unchanged source is not rebuilt.
 #
-# Two things the grader checks besides the numbers: the source only computes (no files,
-# processes, environment or Python API: the bindings are generated for you), and it builds.
+# Two things the grader checks besides the numbers: it builds, and it only computes. The grader
+# compiles the source itself and reads what the compiler saw, every macro expanded, and what the
+# compiled object calls: no files, processes, environment, dynamic loading or Python API (the
+# bindings are generated for you), and no autograd: the backward is yours, written by hand.
 # The outputs of the backward must be separate tensors (two `mm`s rather than slices of one
 # result): `torch.library` refuses outputs that share storage.
 
@@ -266,6 +268,8 @@ for bits in (8, 4):
 # Write `quantize_per_channel(w)`: symmetric int8, one scale per row, `scale[c] = max|w[c]| / 127`
 # as float32 (1.0 for an all-zero row), `q = round(w / scale)` clamped to $[-127, 127]$, as int8.
 # Return `(q, scale)`. (Why not −128? A symmetric range keeps $-q$ representable for every code.)
+# Write the rounding yourself: torch's own quantizers (`torch.quantize_per_channel`, `torch.ao`'s
+# observers, the `fake_quantize_*` ops) are refused in the graded run.
 
 # %% nbgrader={"grade_id": "quant_code", "solution": true}
 def quantize_per_channel(w):
@@ -409,8 +413,10 @@ print(f"W8A8 against fp32: relative error {error:.2e}, weights {float_layer.weig
 # Write `fake_quant(x, scale, zero_point=0, bits=8)`: forward $(\mathrm{clamp}(\mathrm{round}(x/s) + z, q_{min}, q_{max}) - z)\,s$
 # with $[q_{min}, q_{max}] = [-2^{b-1}+1, 2^{b-1}-1]$ (symmetric), backward by the STE. A
 # `torch.autograd.Function` subclass with `forward` and `backward` static methods is the usual way.
-# The grader trains the lab's model with your function on a hidden seed and evaluates it with the
-# course's own rounding: QAT must beat PTQ by at least 10 points.
+# The grader trains the lab's model with your function on training points drawn from a hidden
+# seed, and evaluates it on test points it keeps to itself, with the course's own rounding: QAT
+# must beat PTQ by at least 10 points. (torch's `fake_quantize_*` ops, whose backward is already
+# the STE, are refused in the graded run.)
 
 # %% nbgrader={"grade_id": "qat_code", "solution": true}
 class RoundWithSTE(torch.autograd.Function):

@@ -206,6 +206,17 @@ def test_required_literal_constants_are_artefacts():
         artefacts.extract(["def f(:\n"], ("f",))
 
 
+def test_a_source_to_build_is_read_as_a_literal_without_running_the_cell():
+    cells = ['import os\nos.system("never run")\nCPP = "int a;"\n', 'CPP = r"""int b;"""\ndef f():\n    return 1\n']
+    assert artefacts.string_constant(cells, "CPP") == "int b;"  # the last binding, as running would leave it
+    with pytest.raises(ArtefactRejected, match="no string literal to CPP"):
+        artefacts.string_constant(['CPP = "int a;"\nCPP = HEADER + "int b;"\n'], "CPP")
+    with pytest.raises(ArtefactRejected, match="no string literal to CPP"):
+        artefacts.string_constant(["CPP = 3\n"], "CPP")
+    with pytest.raises(ArtefactRejected, match="does not parse"):
+        artefacts.string_constant(["CPP = '\n"], "CPP")
+
+
 def test_safe_builtins_run_classes_and_refuse_the_rest():
     ns = {"__name__": "student_kernels", "torch": __import__("torch")}
     ns["__builtins__"] = reach.extracted_builtins(frozenset())

@@ -191,6 +191,32 @@ def test_without_a_ready_folder_the_build_makes_both_parts_and_builds_the_same(t
     assert _gradcheck(ops, (2, 11, 6))
 
 
+def test_a_build_without_a_load_hands_back_the_objects_and_the_unit_as_compiled(headers, tmp_path):
+    # What a grader's build child does: compile, import nothing; the shared object is loaded
+    # elsewhere, from a copy (a student's sandbox reads the grader's copy of the bytes).
+    source = sources.reference_cpp_source().replace("// ELU", "// The candidate's slope: ELU")
+    built = sources.build_library(source, name="fastdl_lltm_unloaded", build_dir=tmp_path / "build")
+    assert "fastdl_lltm_unloaded" not in sys.modules
+    unit = built.preprocessed.read_text()
+    assert f"#pragma GCC pch_preprocess \"{headers / pch.HEADER}.gch\"" in unit  # compiled with the shared header
+    after = unit.split(sources.SOURCE_BEGINS, 1)[1]
+    assert "torch::addmm" in after and "// The candidate" not in after  # preprocessed: comments are gone
+    assert " ".join(after.split()).endswith(" ".join(sources.glue("fastdl_lltm_unloaded").split()))
+    elsewhere = tmp_path / "elsewhere" / "extension.so"
+    elsewhere.parent.mkdir()
+    shutil.copy(built.shared_object, elsewhere)
+    ops = ops_of(sources.load_library(elsewhere, "fastdl_lltm_unloaded"), "cpp")
+    check_ops(ops, make_inputs(5, 3, 7, dtype=torch.float64, seed=4))
+    # A failed build raises as build_cpp's does, its first error on the source's own line + 1.
+    with pytest.raises(RuntimeError) as failure:
+        sources.build_library(source.replace("auto new_h =", "auto new_h = undeclared +"), name="fastdl_lltm_unloaded",
+                              build_dir=tmp_path / "broken")
+    reason = sources.first_compiler_error(str(failure.value))
+    line = int(reason.split(":")[1])
+    assert "undeclared" in ["#include <torch/extension.h>", *source.replace(
+        "auto new_h =", "auto new_h = undeclared +").splitlines()][line - 1], reason
+
+
 def test_a_source_sees_the_tensor_api_only(headers, tmp_path):
     # What "#include <torch/extension.h>" gives a source: ATen and torch:: tensors, not the
     # Python side (pybind11) a source of the course never needs.

@@ -2,9 +2,11 @@
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
+from autograder.engine.items import Built
 from autograder.engine.sandbox import Limits, run_sandboxed
 
 LIMITS = Limits(wall_s=4, cpu_s=8, memory_bytes=1 << 30, max_processes=8, output_bytes=10_000)
@@ -104,6 +106,37 @@ def test_an_item_that_builds_gets_more_time_only_for_itself():
     builds = _item_limits(Item("builds", 1.0, (), lambda seed, params: {}, build_s=60), profile)
     assert builds.wall_s == plain.wall_s + 60 and builds.cpu_s == plain.cpu_s + 120
     assert builds.memory_bytes == plain.memory_bytes
+    # An item built by a build child of its own: that child gets the build's time, the student's
+    # child, which only loads what was built, does not.
+    built = Item("built", 1.0, (), lambda seed, params: {}, build_s=60, built=Built("SRC", print, print))
+    assert _item_limits(built, profile).wall_s == plain.wall_s
+    assert _item_limits(built, profile, building=True).wall_s == plain.wall_s + 60
+
+
+def test_a_built_items_children_get_no_code_of_the_students_only_the_approved_files(tmp_path):
+    import json
+
+    from autograder.engine.grade import _Workdir
+    from autograder.engine.items import Item, LabSpec
+
+    item = Item("built", 1.0, ("cell",), lambda seed, params: {}, built=Built("SRC", print, print))
+    lab = LabSpec("99_test", [item])
+    cells = {"cell": 'import os\nos.system("x")\nSRC = "int a;"\n'}
+    build = _Workdir(lab, item, cells, {"source": "int a;"}, mode="build", params={}, within=tmp_path)
+    run = _Workdir(lab, item, cells, {}, mode="check", params={}, within=tmp_path, built={"x.so": b"\x7fELF"})
+    try:
+        for work in (build, run):
+            job = json.loads(Path(work.path, "job.json").read_text())
+            assert job["cells"] == [] and "artefact_module" not in job and "kernel_module" not in job
+            assert not list(Path(work.path).glob("cell_*"))
+        assert json.loads(Path(run.path, "job.json").read_text())["built"] == {"x.so": "built/x.so"}
+        shipped = Path(run.path, "built", "x.so")
+        assert shipped.read_bytes() == b"\x7fELF" and oct(shipped.stat().st_mode & 0o777) == "0o644"
+        with pytest.raises(ValueError, match="plain name"):
+            _Workdir(lab, item, cells, {}, mode="check", params={}, within=tmp_path, built={"../x.so": b""})
+    finally:
+        build.remove()
+        run.remove()
 
 
 def _memory_cgroup() -> bool:

@@ -182,6 +182,25 @@ def _extract(sources: list[str], required: tuple[str, ...], library: re.Pattern 
     return ast.unparse(ast.fix_missing_locations(module)) + "\n"
 
 
+def string_constant(sources: list[str], name: str) -> str:
+    """The string the cells bind to ``name`` at their top level (the last binding, as running them
+    would leave it), read from their syntax alone: a source the grader builds rather than runs
+    (lab 09's C++). Raises ``ArtefactRejected`` when a cell does not parse or no literal string is
+    bound to ``name``."""
+    with pyast.LOCK:
+        found = None
+        for stmt in top_level_statements(sources, ArtefactRejected):
+            targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                       else [stmt.target] if isinstance(stmt, ast.AnnAssign) else [])
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                value = stmt.value
+                found = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+        if found is None:
+            raise ArtefactRejected(f"the solution cells bind no string literal to {name} (the source must be written "
+                                   "out in the cell, as r\"\"\"...\"\"\")")
+        return found
+
+
 class _GuardedReads(ast.NodeTransformer):
     """``a.b`` read becomes ``__fastdl_attr__(a, "b")``; stores and deletes stay as the screen let them."""
 

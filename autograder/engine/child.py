@@ -13,7 +13,11 @@ data-only format, less what the item withholds), the channel's socket (``channel
 - one file per solution cell, executed after the lab preamble.
 
 In a *reference* child (``job["reference"]``) none of these exist: the item's ``reference``
-builds the namespace from the course's own code, and the child is trusted.
+builds the namespace from the course's own code, and the child is trusted. Nor in a *build* child
+(mode "build", ``Item.built``): it runs the item's build on the source the grader read from the
+cells (a compiler, never what it makes) and sends what was made. The student's child of such an
+item finds the grader's copy of the approved files in ``/job/in/built``, and nothing else of the
+student's.
 
 The runner connects to the grader before any student code exists, then runs the item's ``drive``
 once and sends its outputs (mode "check"); times a kernel item's candidate against its baseline
@@ -120,6 +124,10 @@ def _exec_file(path: str, ns: dict) -> None:
 
 
 def _namespace(job: dict, jobdir: str, library: str) -> dict:
+    if job.get("built") is not None:
+        # What the grader built from the student's source and approved: nothing of it is loaded
+        # until the item's drive loads it.
+        return {name: os.path.join(jobdir, path) for name, path in job["built"].items()}
     if job.get("kernel_module") or job.get("artefact_module"):
         ns: dict = {"__name__": "student_kernels"}
         if job.get("kernel_module"):
@@ -247,15 +255,19 @@ def main(jobdir: str) -> int:
         _reuse_triton_key(job["triton_key"])
     instruments = _Instruments(tuple(job.get("instruments", ())) + (_speed_instruments() if mode == "speed" else ()))
     try:
-        ns = _reference_namespace(item, inputs) if reference else _namespace(job, jobdir, item.library)
-        if mode == "speed":
-            instruments.verify()  # before the clock starts: a patched clock never times anything
-            outputs = _timed(item, ns, inputs, job["params"], compare, announce)
-        elif mode == "session":
-            _serve(item, ns, inputs, link, reference)
-            outputs = None
+        if mode == "build":
+            # A build child: no code of the student's is loaded here, and nothing it builds.
+            outputs = item.built.build(inputs["source"], job["params"])
         else:
-            outputs = item.drive(ns, inputs)
+            ns = _reference_namespace(item, inputs) if reference else _namespace(job, jobdir, item.library)
+            if mode == "speed":
+                instruments.verify()  # before the clock starts: a patched clock never times anything
+                outputs = _timed(item, ns, inputs, job["params"], compare, announce)
+            elif mode == "session":
+                _serve(item, ns, inputs, link, reference)
+                outputs = None
+            else:
+                outputs = item.drive(ns, inputs)
         instruments.verify()
     except Tampered as exc:
         _report(link, "tampered", exc)

@@ -3,7 +3,9 @@
 This process never imports or executes student code. Each item runs in a fresh sandboxed child
 (``child.py``, isolated by ``bwrap.py``): a kernel item gets only the student's ``@triton.jit``
 functions, extracted here by AST (``kernels.py``); an artefact item the screened classes and
-functions (``artefacts.py``); a Python item its solution cells. Inputs come from a secret seed per
+functions (``artefacts.py``); a Python item its solution cells; a built item (``Item.built``: lab
+09's C++) the grader's copy of what a build child, which runs no code it builds, compiled from the
+source and the item's screen approved here. Inputs come from a secret seed per
 student and attempt, less what the item withholds, in the data-only format (``autograder.wire``);
 the child's outputs come back over its channel (``channel.py``) in the same format, and the item's
 ``check`` compares them with references computed here. What an item measures about the child is
@@ -34,7 +36,7 @@ import autograder
 from autograder import notebook, profiles, wire
 from autograder.records import clean_reason
 from autograder.engine import artefacts, bwrap, channel, faults, kernels, prefork, speed
-from autograder.engine.items import Item, LabSpec, Observed, Verdict
+from autograder.engine.items import BuildRefused, Item, LabSpec, Observed, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
@@ -124,17 +126,23 @@ def _triton_key() -> str:
 
 class _Workdir:
     """The grader's folder for one child: its job, its inputs (less what the item withholds), the
-    student's extracted code and the channel's socket. The child sees it read-only, as ``/job/in``;
-    what the child writes goes to its own ``/job``, a tmpfs that ends with it."""
+    student's extracted code (or the files the grader built from it, ``built``) and the channel's
+    socket. The child sees it read-only, as ``/job/in``; what the child writes goes to its own
+    ``/job``, a tmpfs that ends with it. A reference child and a build child (mode "build") get no
+    code of the student's."""
+
+    BUILT = "built"
 
     def __init__(self, lab: LabSpec, item: Item, cells: dict[str, str], inputs: dict, *, mode: str,
-                 params: dict, within: Path | None = None, reference: bool = False):
+                 params: dict, within: Path | None = None, reference: bool = False,
+                 built: dict[str, bytes] | None = None):
         # Only the jit functions, screened classes and functions, and constants of an extracted
         # item's cells reach the child; a rejected one raises here, before anything is made.
-        sources = [] if reference else [cells[c] for c in item.cells]
-        kernel_source = kernels.extract(sources, item.kernels) if item.kernels and not reference else None
+        student = not reference and mode != "build" and item.built is None
+        sources = [cells[c] for c in item.cells] if student else []
+        kernel_source = kernels.extract(sources, item.kernels) if item.kernels and student else None
         artefact_source = (artefacts.extract(sources, item.artefacts, item.library)
-                           if item.artefacts and not reference else None)
+                           if item.artefacts and student else None)
         self.path = tempfile.mkdtemp(prefix=f"fastdl-{item.name}-", dir=within)
         self.home = os.path.join(self.path, "home")  # the child's writable folder when run without a sandbox
         self.job = {"lab": lab.name, "item": item.name, "preamble": lab.preamble, "cells": [], "mode": mode,
@@ -146,7 +154,9 @@ class _Workdir:
             self._write("artefacts.py", artefact_source)
             self.job.update(artefact_module="artefacts.py", scope=item.scope,
                             instruments=[*self.job["instruments"], *artefacts.GRAD_DESCRIPTORS])
-        if kernel_source is None and artefact_source is None and not reference:
+        if built is not None:
+            self._write_built(built)
+        if kernel_source is None and artefact_source is None and student:
             for i, cell_id in enumerate(item.cells):
                 name = f"cell_{i}_{cell_id}.py"
                 self._write(name, cells[cell_id])
@@ -164,6 +174,17 @@ class _Workdir:
         path = Path(self.path, name)
         path.write_text(text)
         path.chmod(0o644)
+
+    def _write_built(self, files: dict[str, bytes]) -> None:
+        folder = Path(self.path, self.BUILT)
+        folder.mkdir(mode=0o755)
+        self.job["built"] = {}
+        for name, data in files.items():
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name) or not isinstance(data, bytes):
+                raise ValueError(f"a built file must be bytes under a plain name, not {name!r}")
+            (folder / name).write_bytes(data)
+            (folder / name).chmod(0o644)
+            self.job["built"][name] = f"{self.BUILT}/{name}"
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -312,14 +333,17 @@ def _from_verdict(item: Item, verdict: Verdict, wall_s: float) -> ItemResult:
                       True, wall_s, verdict.details)
 
 
-def _item_limits(item: Item, profile: dict) -> Limits:
+def _item_limits(item: Item, profile: dict, building: bool = False) -> Limits:
+    """The limits of an item's child; ``building``: of its build child (``Item.built``), which alone
+    gets the build's time when the item has one."""
     limits = profiles.limits(profile)
     limits.loopback = item.loopback
     limits.max_processes += item.processes
     # Every rank imports torch: resident memory grows with the world.
     limits.memory_bytes += item.processes * (1 << 30)
-    limits.wall_s += item.build_s
-    limits.cpu_s += 2 * item.build_s
+    if building or item.built is None:
+        limits.wall_s += item.build_s
+        limits.cpu_s += 2 * item.build_s
     return limits
 
 
@@ -333,8 +357,13 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
     mode = "speed" if item.is_speed else "check"
     if mode == "speed":
         params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
+    built = None
+    if item.built is not None:
+        built = _build(lab, item, cells, sandbox, params)
+        if isinstance(built, ItemResult):
+            return built
     try:
-        work = _Workdir(lab, item, cells, inputs, mode=mode, params=params, within=sandbox.scratch)
+        work = _Workdir(lab, item, cells, inputs, mode=mode, params=params, within=sandbox.scratch, built=built)
     except kernels.KernelRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
     except artefacts.ArtefactRejected as exc:
@@ -347,7 +376,7 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
                 return ItemResult(item.name, 0.0, item.points, "not_graded",
                                   clean_reason(f"the grader's reference run failed ({reference.get('reason')}): "
                                                "a fault of the grading machine, not of the submission"))
-        headers = _precompiled_headers() if item.torch_headers else None
+        headers = _precompiled_headers() if item.torch_headers and item.built is None else None
         services = item.services(inputs, params) if item.services else None
         run = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers, services=services)
         if not run.result.ok:
@@ -362,6 +391,38 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         return _speed_result(item, inputs, outputs, params, sandbox.profile, speed.timing_marks(run.received.marks))
     finally:
         work.remove()
+
+
+def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox,
+           params: dict) -> dict[str, bytes] | ItemResult:
+    """The files the student's child of a ``Built`` item receives: the source (a string constant of
+    the cells, read without running them) compiled in a build child, whose output the item's screen
+    judges here. An ``ItemResult`` where there is nothing to hand over (the build failed, or the
+    screen refused what it made)."""
+    try:
+        source = artefacts.string_constant([cells[c] for c in item.cells], item.built.constant)
+    except artefacts.ArtefactRejected as exc:
+        return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
+    work = _Workdir(lab, item, {}, {"source": source}, mode="build", params=params, within=sandbox.scratch)
+    try:
+        headers = _precompiled_headers() if item.torch_headers else None
+        run = _run_child(work, _item_limits(item, sandbox.profile, building=True), sandbox, headers)
+    finally:
+        work.remove()
+    if not run.result.ok:
+        return _failure(item, run)
+    try:
+        made = _outputs(run)
+    except _Refused as exc:
+        return ItemResult(item.name, 0.0, item.points, exc.status, clean_reason(exc.reason),
+                          wall_s=run.result.wall_s)
+    try:
+        return item.built.screen(source, made, params)
+    except BuildRefused as exc:
+        return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)), wall_s=run.result.wall_s)
+    except Exception as exc:  # noqa: BLE001 - what came back is judged as _judge judges outputs
+        return ItemResult(item.name, 0.0, item.points, "failed",
+                          clean_reason(f"the build's output is not what the grader reads: {type(exc).__name__}: {exc}"))
 
 
 # The reference child's figures per (lab, item, parameters, profile): they depend on the item's

@@ -17,6 +17,10 @@ names the student's solution cells it needs and three functions with a strict sp
   reference child's figures), the only figures a mechanism verdict may rest on whole. A figure
   only the child can count is self-reported: at most one point of an item, and its reason says so.
 
+An item that grades native code the student wrote as text (lab 09's C++) names it in ``built``:
+the grader has it compiled in a sandboxed child that loads nothing it made, judges the built bytes
+itself, and hands what it approved to the student's child as files (``Built``).
+
 Speed items add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` (a baseline may run the
 student's code on another backend, or ignore it) to a kernel or artefact item: the child, where no
 other student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
@@ -82,6 +86,31 @@ class Clocked:
     reps: int = 5
 
 
+class BuildRefused(Exception):
+    """What a build made will not be handed to the student's child; the message says why."""
+
+
+@dataclass
+class Built:
+    """Native code built from a string constant of the student's cells, judged, then loaded where
+    the student's code runs (``Item.built``).
+
+    The grader takes the constant ``constant`` from the cells without executing them and hands it
+    to a sandboxed *build child* (trusted code, the student copy of the package, the item's
+    ``build_s`` added to its time), which runs ``build(source, params)``: it compiles, loads
+    nothing it made, and returns data (the built files as bytes, and whatever the screen needs). A
+    build that raises is the item's ``error`` verdict, with the message. The grader then calls
+    ``screen(source, built, params)``, which must read those bytes as hostile (bounded readers
+    only, ``engine/elf.py``) and returns the files for the student's child, ``{name: bytes}``, or
+    raises ``BuildRefused`` (a ``rejected`` verdict). The student's child finds them read-only in
+    ``/job/in/built``, each path in ``ns`` under its name; no Python of the student's runs there.
+    """
+
+    constant: str
+    build: Callable[[str, dict], Any]
+    screen: Callable[[str, Any, dict], dict[str, bytes]]
+
+
 @dataclass
 class Item:
     name: str  # equals the grade_id of the item's test cell in the notebook
@@ -104,10 +133,11 @@ class Item:
     artefacts: tuple[str, ...] = ()
     scope: str = ""  # trusted imports that give ``artefacts`` the names they may use
     library: str = ""  # attribute names (a pattern) that reach the library's version of the technique
-    # Seconds added to the profile's wall limit (twice as many CPU seconds) for an item that
-    # compiles the student's source before it runs it (lab 09's C++ extension).
+    # Seconds added to the profile's wall limit (twice as many CPU seconds) of the child that
+    # compiles the student's source (``built``'s build child; the child itself for an item without one).
     build_s: float = 0.0
-    # The item builds C++ with fastdl_lab.custom.sources.build_cpp: its child is shown the parts
+    built: Built | None = None
+    # The item builds C++ with fastdl_lab.custom.sources: its (build) child is shown the parts
     # every build shares (fastdl_lab.custom.pch), made here once per machine: a build then
     # compiles the student's source alone, in about a quarter of the time.
     torch_headers: bool = False

@@ -4,7 +4,10 @@
   the student writes this source; everything else here serves any source);
 - ``build_cpp``: the source against torch's tensor API, linked to pybind11 bindings of
   ``lltm_forward`` and ``lltm_backward`` compiled once per machine (``pch``), into a chosen folder;
-  ``first_compiler_error`` turns a failed build into one readable line;
+  ``build_library`` makes the same build without loading it (the shared object, the source's
+  object file and the unit as compiled come back as files, for a grader to judge) and
+  ``load_library`` loads such a shared object from wherever it lies; ``first_compiler_error`` turns
+  a failed build into one readable line;
 - ``CUDA_SOURCE``: the two matrix products stay with ATen (cuBLAS), and one fused kernel per pass
   does all the elementwise gate math, where the C++ version launches one kernel per operator and
   sends every intermediate through memory;
@@ -22,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from fastdl_lab.custom import pch
 
@@ -277,33 +281,48 @@ PYBIND11_MODULE(fastdl_lltm_bindings, m) {
 }
 """
 
-# After the source. The module's entry point is named after the build (TORCH_EXTENSION_NAME, which
-# torch's load versions when a source changes) and hands over to the bindings' own: with
-# pybind11's multi-phase initialisation the module takes the name it is imported under.
-GLUE = r"""
+# After the source: the functions the bindings call, which call the source's whatever parameter
+# types it chose, and the module's entry point, which hands over to the bindings' own (with
+# pybind11's multi-phase initialisation the module takes the name it is imported under).
+_ADAPTERS = r"""
 
-#define FASTDL_HIDDEN __attribute__((visibility("hidden")))
-
-FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_forward(at::Tensor input, at::Tensor weights, at::Tensor bias,
-                                                          at::Tensor old_h, at::Tensor old_cell) {
+__attribute__((visibility("hidden"))) std::vector<at::Tensor> fastdl_lltm_forward(
+    at::Tensor input, at::Tensor weights, at::Tensor bias, at::Tensor old_h, at::Tensor old_cell) {
   return lltm_forward(input, weights, bias, old_h, old_cell);
 }
 
-FASTDL_HIDDEN std::vector<at::Tensor> fastdl_lltm_backward(at::Tensor grad_h, at::Tensor grad_cell,
-                                                           at::Tensor new_cell, at::Tensor input_gate,
-                                                           at::Tensor output_gate, at::Tensor candidate_cell,
-                                                           at::Tensor X, at::Tensor gate_weights, at::Tensor weights) {
+__attribute__((visibility("hidden"))) std::vector<at::Tensor> fastdl_lltm_backward(
+    at::Tensor grad_h, at::Tensor grad_cell, at::Tensor new_cell, at::Tensor input_gate, at::Tensor output_gate,
+    at::Tensor candidate_cell, at::Tensor X, at::Tensor gate_weights, at::Tensor weights) {
   return lltm_backward(grad_h, grad_cell, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights, weights);
 }
 
 struct _object;
 extern "C" _object* PyInit_fastdl_lltm_bindings();
-#define FASTDL_ENTRY_(name) PyInit_##name
+"""
+# torch's load names the entry after the build (TORCH_EXTENSION_NAME), which it versions when a
+# source changes within one process.
+_VERSIONED_ENTRY = r"""#define FASTDL_ENTRY_(name) PyInit_##name
 #define FASTDL_ENTRY(name) FASTDL_ENTRY_(name)
 extern "C" __attribute__((visibility("default"))) _object* FASTDL_ENTRY(TORCH_EXTENSION_NAME)() {
   return PyInit_fastdl_lltm_bindings();
 }
 """
+_NAMED_ENTRY = r"""extern "C" __attribute__((visibility("default"))) _object* PyInit_{name}() {{
+  return PyInit_fastdl_lltm_bindings();
+}}
+"""
+GLUE = _ADAPTERS + _VERSIONED_ENTRY
+
+
+def glue(name: str) -> str:
+    """What follows the source in a build named ``name`` (``build_library``): no macro is used or
+    defined in it, so after preprocessing it reads exactly as written, unless the source before it
+    redefined one of its words."""
+    if not re.fullmatch(r"[A-Za-z_]\w*", name):
+        raise ValueError(f"an extension's name is a C identifier, not {name!r}")
+    return _ADAPTERS + _NAMED_ENTRY.format(name=name)
+
 
 # ---------------------------------------------------------------------------------------------
 # Building
@@ -341,6 +360,13 @@ def build_cpp(source: str | None = None, *, name: str, build_dir: Path | None = 
     if source is None:
         source = reference_cpp_source()
     folder = _build_folder(name, build_dir)
+    main = _write_if_changed(folder / "main.cpp", f"#include <{pch.HEADER}>\n{source}\n{GLUE}")
+    return load(name=name, build_directory=str(folder), verbose=verbose, **_build_arguments(folder, main))
+
+
+def _build_arguments(folder: Path, main: Path) -> dict:
+    """What torch's build is given besides the name and the folder: the units, the flags and the
+    precompiled parts (``pch``) where they are ready."""
     # Made once per machine where ready: without it the build makes both parts itself, slower
     # (the bindings alone take half a minute), never different.
     ready = pch.usable(OPTIMISE)
@@ -350,10 +376,68 @@ def build_cpp(source: str | None = None, *, name: str, build_dir: Path | None = 
         headers = folder / "headers"
         _write_if_changed(headers / pch.HEADER, pch.TENSOR_HEADER)
         units, objects = [_write_if_changed(folder / "bindings.cpp", BINDINGS_SOURCE)], []
-    main = _write_if_changed(folder / "main.cpp", f"#include <{pch.HEADER}>\n{source}\n{GLUE}")
-    return load(name=name, sources=[str(main), *map(str, units)],
-                extra_cflags=OPTIMISE + (["-Winvalid-pch"] if ready else []), extra_include_paths=[str(headers)],
-                extra_ldflags=objects, build_directory=str(folder), verbose=verbose)
+    return {"sources": [str(main), *map(str, units)], "extra_cflags": OPTIMISE + (["-Winvalid-pch"] if ready else []),
+            "extra_include_paths": [str(headers)], "extra_ldflags": objects}
+
+
+# The first line of a build_library unit after the tensor header: what the compiler saw of the
+# source starts after it (``BuiltLibrary.preprocessed``), whatever the header expanded to.
+SOURCE_BEGINS = "namespace fastdl_source_begins {}"
+
+
+class BuiltLibrary(NamedTuple):
+    """The files of one ``build_library``: the shared object, the object file of the source's unit
+    (the source and ``glue(name)``), and that unit as the compiler saw it after preprocessing."""
+    shared_object: Path
+    unit: Path
+    preprocessed: Path
+
+
+def build_library(source: str, *, name: str, build_dir: Path) -> BuiltLibrary:
+    """Compile ``source`` as ``build_cpp`` does, into ``build_dir``, and load nothing: the files
+    come back for someone else to judge and load (``load_library``), so no code of the source
+    runs here. The unit is ``#include <torch/extension.h>``, ``SOURCE_BEGINS``, the source (its
+    line numbers one more than its own, as in ``build_cpp``) and ``glue(name)``; g++ keeps the
+    preprocessed unit it compiles (``-save-temps``), which is the unit exactly as compiled. A
+    failed build raises torch's own error, as ``build_cpp``'s does."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    folder = _build_folder(name, build_dir)
+    main = _write_if_changed(folder / "main.cpp",
+                             f"#include <{pch.HEADER}>\n{SOURCE_BEGINS}\n#line 2\n{source}\n{glue(name)}")
+    arguments = _build_arguments(folder, main)
+    arguments["extra_cflags"] = [*arguments["extra_cflags"], "-save-temps=obj"]
+    # torch's load is this build followed by an import; torch offers the build alone only under a
+    # private name, so its parameters are matched by name.
+    build = getattr(cpp_extension, "_write_ninja_file_and_build_library", None)
+    if build is None:
+        raise RuntimeError("this version of torch has no build without a load (_write_ninja_file_and_build_library)")
+    wanted = {"name": name, "extra_cuda_cflags": [], "extra_sycl_cflags": [], "build_directory": str(folder),
+              "verbose": False, "with_cuda": False, "with_sycl": False, "is_standalone": False, **arguments}
+    accepted = inspect.signature(build).parameters
+    build(**{key: value for key, value in wanted.items() if key in accepted})
+    built = BuiltLibrary(folder / f"{name}.so", folder / "main.o", folder / "main.ii")
+    missing = [path.name for path in built if not path.is_file()]
+    if missing:
+        raise RuntimeError(f"the build left no {', '.join(missing)}")
+    return built
+
+
+def load_library(path: str | Path, name: str):
+    """Import the extension a ``build_library`` named ``name`` made, from wherever its shared object
+    now lies (torch must be imported first: the object leaves its symbols to torch's libraries)."""
+    import importlib.util
+
+    import torch  # noqa: F401
+
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _write_if_changed(path: Path, text: str) -> Path:

@@ -1,6 +1,7 @@
 # expect: cpp_lltm=error
 # Library instead of the work: the C++ "extension" imports the course's Python cell through
 # pybind11 and hands every call to it, so its forward and backward are the reference's own.
+# (It does not build: the tensor header a source sees declares no pybind11.)
 # %% grade_id=cpp_code
 LLTM_CPP = r"""
 #include <torch/extension.h>

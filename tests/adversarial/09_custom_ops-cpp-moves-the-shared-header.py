@@ -1,8 +1,10 @@
-# expect: cpp_lltm=failed|error
-# Write outside the sandbox: a static initializer (no __attribute__, no file API the screen names)
-# tries to move and delete the folder every build shares (the precompiled tensor header and the
-# bindings' object every extension is linked with), then returns wrong tensors. The folder is
-# mounted read-only: it stays as it was, and the item is graded on what the code computes.
+# expect: cpp_lltm=rejected
+# Write outside the sandbox: a static initializer (no __attribute__, no file API a reader of the text
+# would notice) tries to move and delete the folder every build shares (the precompiled tensor
+# header and the bindings' object every extension is linked with), then returns wrong tensors. The
+# build child compiles it and never loads it, and the folder is mounted read-only anyway; the
+# compiled object leaves rename and remove to the C library, which the grader refuses, so the
+# extension is never loaded at all.
 # %% grade_id=cpp_code
 LLTM_CPP = r"""
 #include <torch/extension.h>

@@ -1,6 +1,8 @@
-# expect: cpp_lltm=error
-# Code at load time: a constructor function runs when the grader loads the extension, before any
-# check, and tries to leave a result file where the grader reads outputs.
+# expect: cpp_lltm=rejected
+# Code at load time: a constructor function would run when the extension is loaded, before any
+# check, and tries to leave a result file where the grader once read outputs. The grader refuses
+# the build before anything loads it: the preprocessed source names a linker attribute
+# (__attribute__((constructor))), and the object calls fopen.
 # %% grade_id=cpp_code
 LLTM_CPP = r"""
 #include <torch/extension.h>

@@ -228,8 +228,13 @@ def step_check(inputs: dict, outputs, params: dict) -> Verdict:
             checks.assert_close(got, ref, atol=1e-3, rtol=1e-2,
                                 name=f"parameters after {len(want['losses'])} clipped AMP steps (clipping must see "
                                      "unscaled gradients)")
+        # A bf16 forward leaves its rounding in the loss: honest steps return the reference's losses to
+        # the bit, an fp32 forward's differ by 7e-4 or more of the loss (25 seeds), parameters far
+        # less. So this, a value the grader recomputes, is what says the forward ran under autocast;
+        # the dtype the probe saw in the child says so only for the reason above.
         checks.assert_close(torch.tensor([float(v) for v in outputs["losses"]]), torch.tensor(want["losses"]),
-                            name="the returned losses", atol=1e-3, rtol=1e-2)
+                            name="the returned losses (a bf16 forward's, under torch.autocast)", atol=1e-5,
+                            rtol=float(params.get("loss_rtol", 2e-4)))
     except AssertionError as exc:
         return Verdict.failed(failure_text(exc))
     return Verdict.passed(f"{len(want['losses'])} bf16 autocast steps with overflows and clipping match the reference")

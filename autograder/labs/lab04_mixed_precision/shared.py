@@ -13,5 +13,11 @@ SCOPE = (
 LIBRARY = r"^amp$|scaler|adam"
 
 
+def refusing(refusal: str) -> str:
+    """``SCOPE`` followed by one of ``autograder.labs._refusals``' refusals: the library's ops of the
+    item's technique refused at the dispatcher before the student's definitions exist."""
+    return SCOPE + f"from autograder.labs._refusals import {refusal} as _refuse\n_refuse()\ndel _refuse\n"
+
+
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed % (1 << 63))
