@@ -209,3 +209,15 @@ def test_the_engine_grades_consistent_samples_and_refuses_the_rest():
     assert unannounced.status == "tampered" and "out of protocol" in unannounced.reason
     empty = _graded({**timed, "candidate_s": [0.0] * ROUND}, [("start", 5.0), ("end", 5.02)])
     assert empty.status == "failed" and "no positive timings" in empty.reason
+
+
+def test_a_clocked_calls_withheld_inputs_stay_with_the_grader():
+    from autograder.engine.items import Clocked
+
+    def call_inputs(seed, params, i):
+        return {"X": [seed, i], "labels": [i, i + 1]}
+
+    clocked = Clocked(call_inputs, lambda ns, inputs: None, lambda ns, inputs: None, withheld=("labels",))
+    sent, kept = grade.call_arguments(clocked, 7, {}, 2)
+    assert sent == {"X": [7, 2]} and kept == {"labels": [2, 3]}
+    assert grade.call_arguments(Clocked(call_inputs, None, None), 7, {}, 2) == ({"X": [7, 2], "labels": [2, 3]}, {})

@@ -34,7 +34,7 @@ import autograder
 from autograder import notebook, profiles, wire
 from autograder.records import clean_reason
 from autograder.engine import artefacts, bwrap, channel, kernels, prefork, speed
-from autograder.engine.items import Item, LabSpec, Observed, Verdict
+from autograder.engine.items import Clocked, Item, LabSpec, Observed, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
@@ -287,7 +287,8 @@ def _failure(item: Item, run: _Run) -> ItemResult:
 
 def _observed(run: _Run, reference: dict | None = None, timings: dict | None = None) -> Observed:
     return Observed(peak_bytes=run.result.peak_bytes, peak_source=run.result.peak_source, wall_s=run.result.wall_s,
-                    services=run.services, timings=timings or {}, reference=reference or {})
+                    processes=run.result.processes, services=run.services, timings=timings or {},
+                    reference=reference or {})
 
 
 def _judge(item: Item, inputs: dict, outputs, params: dict, observed: Observed | None = None) -> Verdict:
@@ -384,7 +385,7 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
         figures = {"status": run.result.status if run.result.ok and run.received.outputs else "failed",
                    "reason": "; ".join(filter(None, (run.result.reason, reported)))[:300],
                    "peak_bytes": run.result.peak_bytes, "peak_source": run.result.peak_source,
-                   "wall_s": run.result.wall_s}
+                   "wall_s": run.result.wall_s, "processes": run.result.processes}
         if figures["status"] == "failed" and not figures["reason"]:
             figures["reason"] = "no outputs"
         _REFERENCE_FIGURES[key] = figures
@@ -454,7 +455,7 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
     sides = {"candidate": _Session(mine, limits, sandbox), "baseline": _Session(theirs, limits, sandbox)}
     warmup, reps = int(params.get("warmup", clocked.warmup)), int(params.get("reps", clocked.reps))
     order = _call_order(item_seed(seed, "order"), warmup + reps)
-    timings: dict = {"candidate_s": [], "baseline_s": [], "candidate": [], "baseline": []}
+    timings: dict = {"candidate_s": [], "baseline_s": [], "candidate": [], "baseline": [], "withheld": []}
     failure: ItemResult | None = None
     try:
         for role, session in sides.items():
@@ -462,7 +463,9 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
                 failure = _session_failure(item, role, session, "did not start")
                 break
         for i, first in ([] if failure else enumerate(order)):
-            args = clocked.call_inputs(item_seed(seed, f"call{i}"), params, i)
+            args, kept = call_arguments(clocked, item_seed(seed, f"call{i}"), params, i)
+            if i >= warmup:
+                timings["withheld"].append(kept)
             for role in (first, "baseline" if first == "candidate" else "candidate"):
                 other = "baseline" if role == "candidate" else "candidate"
                 sides[other].freeze(True)
@@ -494,6 +497,14 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
     return _from_verdict(item, verdict, sum(timings["candidate_s"]))
 
 
+def call_arguments(clocked: Clocked, seed: int, params: dict, i: int) -> tuple[dict, dict]:
+    """The ``i``-th call's inputs, split: what both children are sent, and what stays here (the keys
+    ``clocked.withheld`` names: the labels its outputs are judged on)."""
+    args = clocked.call_inputs(seed, params, i)
+    return ({key: value for key, value in args.items() if key not in clocked.withheld},
+            {key: args[key] for key in clocked.withheld if key in args})
+
+
 def _call_order(seed: int, calls: int) -> list[str]:
     """Which side each call starts with: drawn per call, so neither always runs first."""
     import random
@@ -507,7 +518,15 @@ def _session_failure(item: Item, role: str, session: _Session, what: str) -> Ite
         return ItemResult(item.name, 0.0, item.points, "not_graded",
                           clean_reason(f"the grader's reference run {what}: a fault of the grading machine, "
                                        "not of the submission"))
-    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(f"the timed call {what}"))
+    # What the child said before it ended (a construction that raised, an instrument replaced) names
+    # the cause better than the line it closed; both are the student's text, numbers redacted.
+    reported = session.endpoint.received.errors if session.endpoint is not None else []
+    if reported:
+        status = reported[0]["status"] if reported[0]["status"] in ("error", "tampered", "not_a_kernel") else "error"
+        message = redact_numbers(reported[0]["error"])
+        return ItemResult(item.name, 0.0, item.points, status,
+                          clean_reason(f"your code raised {message}" if status == "error" else message))
+    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(f"the timed call {redact_numbers(what)}"))
 
 
 def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict,

@@ -57,6 +57,7 @@ class Observed:
     peak_bytes: int = 0  # the child's memory peak (all its processes and tmpfs files)
     peak_source: str = "sampled"  # "cgroup": the kernel's count; "sampled": the watchdog's samples
     wall_s: float = 0.0
+    processes: int = 0  # the most processes of the child's own at once (its runner and what it started)
     services: dict[str, Any] = field(default_factory=dict)  # each service's record of the child's calls
     timings: dict[str, Any] = field(default_factory=dict)  # a clocked item's samples and outputs per call
     reference: dict[str, Any] = field(default_factory=dict)  # the reference child's figures (peak_bytes, ...)
@@ -72,7 +73,9 @@ class Clocked:
     the child until then, and times every call from its request to its result on its own clock. The
     child not being timed is frozen (its cgroup, or SIGSTOP where there is no freezer), so nothing
     it left running competes with the other. ``check`` finds the samples and both sides' outputs of
-    every call in ``observed.timings``.
+    every call in ``observed.timings``. The keys of a call's inputs named in ``withheld`` (the
+    labels a call's outputs are judged on) stay in the grader: ``observed.timings["withheld"]``
+    holds them, call by call, beside the outputs.
     """
 
     call_inputs: Callable[[int, dict, int], dict]
@@ -80,6 +83,7 @@ class Clocked:
     baseline: Callable[[dict, dict], Callable[[dict], Any]]  # the same in the reference child
     warmup: int = 1
     reps: int = 5
+    withheld: tuple[str, ...] = ()
 
 
 @dataclass
