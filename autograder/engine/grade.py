@@ -9,7 +9,8 @@ the child's outputs come back over its channel (``channel.py``) in the same form
 ``check`` compares them with references computed here. What an item measures about the child is
 measured from outside it: the memory peak of its cgroup (``jail.py``), this process's clock on
 each call (``Clocked`` items), the record of the services it called, a reference child's figures.
-Only kernel items, where no student Python runs, are timed inside the child (``speed.py``).
+Only kernel items, where no student Python runs, are timed inside the child (``speed.py``); the
+engine refuses a speed item of student Python that is not clocked (``ConfigurationError``).
 """
 
 from __future__ import annotations
@@ -558,6 +559,25 @@ def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: 
                       reason, details={**details, "speedup": speedup, "phase_wall_s": wall_s})
 
 
+class ConfigurationError(Exception):
+    """A lab's item the engine will not grade as written: the course's mistake, never a student's."""
+
+
+def refuse_misconfigured(lab: LabSpec, item: Item) -> None:
+    """Student Python is never timed in its own process, where it can forge the clock and the
+    samples: a speed item is either a kernel item (only the student's ``@triton.jit`` functions
+    reach its child, which times them) or ``clocked`` (the grader's clock times each call)."""
+    pure_kernel = bool(item.kernels) and not item.artefacts
+    if item.is_speed and item.clocked is None and not pure_kernel:
+        raise ConfigurationError(
+            f"lab {lab.name}, item {item.name}: a speed item of student Python must be clocked "
+            "(Item.clocked: timed call by call on the grader's clock); only a kernel item, whose child runs "
+            "no student Python, may be timed inside its child")
+    if item.clocked is not None and item.reference is None:
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: a clocked item needs a reference "
+                                 "(Item.reference) for its baseline child")
+
+
 def run_items(items: list[Item], grade_one, parallel: int, alongside=None) -> list[ItemResult]:
     """``grade_one`` every item, in the order given: all but the speed items ``parallel`` at a
     time, then each speed item alone, once every other item's child has ended, so nothing shares
@@ -587,9 +607,11 @@ def grade_submission(
     isolated: bool = True, only: set[str] | None = None, alongside=None, scratch: Path | None = None,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` (or those named in ``only``) in the notebook at ``path``; never
-    raises for the student's doing. ``alongside`` runs once, as ``run_items`` says. The children's
+    raises for the student's doing (``ConfigurationError``, before any child runs, for the course's). ``alongside`` runs once, as ``run_items`` says. The children's
     work folders are made in ``scratch`` (the job's folder), else in the temporary directory."""
     items = [it for it in lab.items if only is None or it.name in only]
+    for item in items:
+        refuse_misconfigured(lab, item)
     try:
         submitted = notebook.graded_cells(notebook.read_notebook(path))
     except notebook.NotebookError as exc:

@@ -17,9 +17,10 @@ names the student's solution cells it needs and three functions with a strict sp
   reference child's figures), the only figures a mechanism verdict may rest on whole. A figure
   only the child can count is self-reported: at most one point of an item, and its reason says so.
 
-Speed items add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` (a baseline may run the
-student's code on another backend, or ignore it) to a kernel or artefact item: the child, where no
-other student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+Speed items of kernels add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` to a kernel item:
+the child, where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+A speed item of student Python is ``clocked`` (``Clocked``): the grader's own clock times it, call
+by call; the engine refuses any other speed item (``grade.ConfigurationError``).
 A Python item whose figure is measured in the student's process names its ``instruments``
 (dotted names, bound before the cells run and verified unchanged after them). An item that
 grades Python classes or functions on their own names them in ``artefacts``: only those
