@@ -607,7 +607,8 @@ def grade_submission(
     isolated: bool = True, only: set[str] | None = None, alongside=None, scratch: Path | None = None,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` (or those named in ``only``) in the notebook at ``path``; never
-    raises for the student's doing (``ConfigurationError``, before any child runs, for the course's). ``alongside`` runs once, as ``run_items`` says. The children's
+    raises for the student's doing (``ConfigurationError``, before any child runs, for the course's).
+    ``alongside`` runs once, as ``run_items`` says. The children's
     work folders are made in ``scratch`` (the job's folder), else in the temporary directory."""
     items = [it for it in lab.items if only is None or it.name in only]
     for item in items:

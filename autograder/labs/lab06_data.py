@@ -6,11 +6,11 @@ their own, screened, with only the names ``SCOPE`` imports, in a child whose eve
 the parent checks:
 
 - the fixed loop's losses and final weights are compared here with the original loop's, run here;
-  the batches of a fresh pass of its loader are checked here against the dataset (each padded to
-  its own longest sequence), and its worker processes are counted from outside the child. The
-  syncs, dispatched ops and uploads ``SyncCounter`` counts in the child are self-reported (a
-  helper thread, a read no dispatcher sees, escapes them): one point of three, said so in the
-  reason;
+  the batches of a second loader of ``make_loader``'s, over a probe of the dataset, are checked
+  here (each padded to its own longest sequence), and its worker processes are counted from
+  outside the child. The syncs, dispatched ops and uploads ``SyncCounter`` counts in the child are
+  self-reported (a helper thread, a read no dispatcher sees, escapes them): one point of three,
+  said so in the reason;
 - the loop's speed is taken on the grader's clock, run by run, against the original loop in a
   reference child, each run from a seed the child receives with the call (GPU profiles);
 - the sampler's batches travel to the parent, which holds the hidden lengths and computes the
@@ -337,7 +337,8 @@ def loop_speed_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
             return f"returned {got.numel() if isinstance(got, torch.Tensor) else 'no'} losses for {want.numel()} steps"
         if not torch.allclose(got.float(), want.float(), rtol=rtol, atol=1e-5):
             step = int(torch.argmax((got.float() - want.float()).abs()))
-            return f"gives the loss {float(got[step]):.5f} at step {step} where the original gives {float(want[step]):.5f}"
+            return (f"gives the loss {float(got[step]):.5f} at step {step} where the original gives "
+                    f"{float(want[step]):.5f}")
         return None
 
     return clocked_speed(observed, params, differs, "the fixed loop", "the original loop (train_slow)")

@@ -414,8 +414,8 @@ LAB = LabSpec(
              clocked=Clocked(etl_speed_call, etl_speed_candidate, etl_speed_baseline, warmup=1, reps=5),
              description="your pipeline on cuDF against the reference on pandas, call by call on the grader's clock "
                          "(GPU profiles)"),
-        Item("ml_gpu_speed", 2, ("ml_code",), ml_speed_inputs, kind="speed", check=ml_speed_check, artefacts=("fit_predict",),
-             scope=SCOPE, reference=lambda inputs: {},
+        Item("ml_gpu_speed", 2, ("ml_code",), ml_speed_inputs, kind="speed", check=ml_speed_check,
+             artefacts=("fit_predict",), scope=SCOPE, reference=lambda inputs: {},
              clocked=Clocked(ml_speed_call, ml_speed_candidate, ml_speed_baseline, warmup=1, reps=5,
                              withheld=("y_test",)),
              description="your ML step on cuML against the reference forest on scikit-learn, call by call on the "
