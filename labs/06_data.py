@@ -181,8 +181,10 @@ print(f"{flops / 1e6:.1f} MFLOP per step in {step_s * 1e3:.2f} ms: {achieved * 1
 #
 # It must compute exactly what `train_slow` computes: the same batches in the same order, the
 # class-weighted mean cross-entropy, the same optimizer steps. The grader compares your losses and
-# the model's final weights with the original loop's on hidden data, counts syncs, ops and uploads
-# with `SyncCounter`, and checks the loader's settings and padding.
+# the model's final weights with the original loop's on hidden data; it checks the batches of a
+# loader your `make_loader` makes (each padded to its own longest sequence) and sees its worker
+# processes from outside your code. `SyncCounter`'s syncs, ops and uploads are counted inside your
+# own process, so they are self-reported: they are worth one of the item's three points.
 
 # %%
 CLASS_WEIGHTS = loop.CLASS_WEIGHTS
@@ -405,8 +407,9 @@ print(f"{len(all_lengths)} docstrings; padding fraction padded to the dataset ma
 # Write `BucketBatchSampler`: a `Sampler` that yields lists of indices (pass it to a `DataLoader`
 # as `batch_sampler=`). `set_epoch(epoch)` is called before each epoch; `len()` is the number of
 # batches. Every index must appear exactly once per epoch. The grader feeds it hidden real
-# lengths and measures the padding of its batches (needs at most 12% at batch size 32), and
-# checks that batches change from epoch to epoch and do not come in length order.
+# lengths and measures the padding of its batches (needs at most 12% at batch size 32), checks
+# that the batches are full (a bucket's last batch may be short: at least 90% full on average),
+# and that they change from epoch to epoch and do not come in length order.
 
 # %% nbgrader={"grade_id": "sampler_code", "solution": true}
 class BucketBatchSampler(Sampler):

@@ -238,7 +238,7 @@ timing.table({name: timing.bench(fn, warmup=1, reps=5) for name, fn in steps.ite
 # On a GPU host with RAPIDS installed (`pip install -e '.[rapids]'`), `tabular.backend("gpu")`
 # gives cuDF: `be.df.from_pandas(trips)` copies a frame to the device, and **your `etl` runs on it
 # unchanged**, every step a GPU kernel. The graded comparison (`etl_gpu_speed`) times your function
-# on cuDF against itself on pandas.
+# on cuDF against the course's pipeline on pandas.
 #
 # RAPIDS also offers a zero-code-change path: `%load_ext cudf.pandas` *before* importing pandas
 # makes `import pandas` return a proxy that runs each call on the GPU when cuDF supports it and
@@ -380,8 +380,11 @@ print("the distributed table equals yours")
 # %% [markdown]
 # ## GPU speed items
 #
-# On GPU profiles the grader times your `etl` on cuDF against itself on pandas, and your
-# `fit_predict` on cuML against itself on scikit-learn, interleaved in one process.
+# On GPU profiles the grader times, call by call on its own clock, your `etl` on cuDF against the
+# course's pipeline on pandas, and your `fit_predict` on cuML against the course's random forest on
+# scikit-learn. Every call brings data no call has seen (new fares and pickup zones; new trips,
+# with its own tip threshold and its columns in its own order), and each of your answers is checked
+# against the reference's answer to the same call before the times count.
 
 # %% nbgrader={"grade_id": "etl_gpu_speed", "grade": true, "points": 2}
 from fastdl_lab import tabular

@@ -231,7 +231,7 @@ def test_a_relative_course_folder_is_made_absolute(tmp_path, monkeypatch):
 def test_an_invalid_notebook_leaves_speed_points_out_on_the_cpu(tmp_path):
     make = lambda seed, params: {}  # noqa: E731
     lab = LabSpec("01_gemm", [Item("f_test", 2.0, ("f_code",), make),
-                              Item("f_speed", 1.0, ("f_code",), make, kind="speed")])
+                              Item("f_speed", 1.0, ("f_code",), make, kind="speed", kernels=("f_kernel",))])
     path = tmp_path / "nb.ipynb"
     path.write_text("{")
     results = grade_submission(lab, path, release=path, profile={"name": "cpu"}, seed=0, student_package=tmp_path)

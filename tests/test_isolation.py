@@ -261,6 +261,19 @@ def test_memory_is_counted_once_and_still_limited(run, tmp_path):
     assert result.status == "memory", result.output_tail
 
 
+def test_the_processes_a_child_starts_are_counted_from_outside_and_the_sandboxes_own_are_not(run, tmp_path):
+    # Three processes beside the program for half a second: at least ten of the watchdog's samples.
+    started = ("import subprocess, time\n"
+               "procs = [subprocess.Popen(['sleep', '0.5']) for _ in range(3)]\n"
+               "[p.wait() for p in procs]\n")
+    (tmp_path / "three").mkdir()
+    result, _ = run(tmp_path / "three", started)
+    assert result.status == "ok" and result.processes == 4, (result.processes, result.output_tail)
+    (tmp_path / "alone").mkdir()
+    result, _ = run(tmp_path / "alone", "import time; time.sleep(0.3)")
+    assert result.status == "ok" and result.processes == 1, result.processes
+
+
 @pytest.mark.parametrize("server", ["fork server"], indirect=True)
 def test_a_forked_child_finds_torch_warm_and_nothing_of_the_course(server, tmp_path):
     work = _sandbox_folder(tmp_path / "job")

@@ -43,6 +43,12 @@ def _running(marker):
     return alive
 
 
+def test_the_processes_a_child_starts_are_counted(tmp_path):
+    code = "import subprocess, time\nprocs = [subprocess.Popen(['sleep', '0.5']) for _ in range(2)]\n[p.wait() for p in procs]"
+    result = run_sandboxed([sys.executable, "-c", code], limits=LIMITS, cwd=str(tmp_path), env={"PATH": os.environ["PATH"]})
+    assert result.ok and result.processes == 3, result.processes
+
+
 def test_nothing_left_running(tmp_path):
     marker = "fastdl-sandbox-orphan-check"
     code = f"import os, time\nif os.fork() == 0:\n    os.execvp('sleep', ['sleep', '60', '{marker}'])\ntime.sleep(60)"

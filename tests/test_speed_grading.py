@@ -209,3 +209,45 @@ def test_the_engine_grades_consistent_samples_and_refuses_the_rest():
     assert unannounced.status == "tampered" and "out of protocol" in unannounced.reason
     empty = _graded({**timed, "candidate_s": [0.0] * ROUND}, [("start", 5.0), ("end", 5.02)])
     assert empty.status == "failed" and "no positive timings" in empty.reason
+
+
+def _never_graded(*_):
+    raise AssertionError("a refused lab must not reach a child")
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({}, "must be clocked"),  # whole cells of student Python
+    ({"artefacts": ("step",)}, "must be clocked"),  # extracted Python
+    ({"kernels": ("k",), "artefacts": ("step",)}, "must be clocked"),  # a kernel beside Python
+    ({"reference": None, "clocked": object()}, "needs a reference"),
+])
+def test_the_engine_refuses_a_speed_item_that_would_time_student_python_in_its_own_process(tmp_path, extra, words):
+    from autograder.engine.items import LabSpec
+
+    item = Item("step_speed", 2, ("step_code",), _never_graded, kind="speed", **extra)
+    lab = LabSpec("99_refused", [item])
+    with pytest.raises(grade.ConfigurationError, match=words):
+        grade.grade_submission(lab, tmp_path / "missing.ipynb", release=tmp_path / "release.ipynb", profile={},
+                               seed=1, student_package=tmp_path)
+
+
+def test_every_speed_item_of_the_course_is_a_kernel_item_or_clocked():
+    from autograder.engine.items import all_labs
+
+    speed_items = [(lab, item) for lab in all_labs().values() for item in lab.items if item.is_speed]
+    assert len(speed_items) >= 9
+    for lab, item in speed_items:
+        grade.refuse_misconfigured(lab, item)  # raises for any other
+        assert item.clocked is not None or (item.kernels and not item.artefacts), item.name
+
+
+def test_a_clocked_calls_withheld_inputs_stay_with_the_grader():
+    from autograder.engine.items import Clocked
+
+    def call_inputs(seed, params, i):
+        return {"X": [seed, i], "labels": [i, i + 1]}
+
+    clocked = Clocked(call_inputs, lambda ns, inputs: None, lambda ns, inputs: None, withheld=("labels",))
+    sent, kept = grade.call_arguments(clocked, 7, {}, 2)
+    assert sent == {"X": [7, 2]} and kept == {"labels": [2, 3]}
+    assert grade.call_arguments(Clocked(call_inputs, None, None), 7, {}, 2) == ({"X": [7, 2], "labels": [2, 3]}, {})

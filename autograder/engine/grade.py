@@ -11,7 +11,8 @@ the child's outputs come back over its channel (``channel.py``) in the same form
 ``check`` compares them with references computed here. What an item measures about the child is
 measured from outside it: the memory peak of its cgroup (``jail.py``), this process's clock on
 each call (``Clocked`` items), the record of the services it called, a reference child's figures.
-Only kernel items, where no student Python runs, are timed inside the child (``speed.py``).
+Only kernel items, where no student Python runs, are timed inside the child (``speed.py``); the
+engine refuses a speed item of student Python that is not clocked (``ConfigurationError``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import autograder
 from autograder import notebook, profiles, wire
 from autograder.records import clean_reason
 from autograder.engine import artefacts, bwrap, channel, faults, kernels, prefork, speed
-from autograder.engine.items import BuildRefused, Item, LabSpec, Observed, Verdict
+from autograder.engine.items import BuildRefused, Clocked, Item, LabSpec, Observed, Verdict
 from autograder.engine.sandbox import ChildResult, Limits, run_sandboxed
 
 NEEDS_GPU = "needs a GPU: speed is graded only on GPU profiles; left out of the total"
@@ -314,7 +315,8 @@ def _failure(item: Item, run: _Run) -> ItemResult:
 
 def _observed(run: _Run, reference: dict | None = None, timings: dict | None = None) -> Observed:
     return Observed(peak_bytes=run.result.peak_bytes, peak_source=run.result.peak_source, wall_s=run.result.wall_s,
-                    services=run.services, timings=timings or {}, reference=reference or {})
+                    processes=run.result.processes, services=run.services, timings=timings or {},
+                    reference=reference or {})
 
 
 def _judge(item: Item, inputs: dict, outputs, params: dict, observed: Observed | None = None) -> Verdict:
@@ -451,7 +453,7 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
         figures = {"status": run.result.status if run.result.ok and run.received.outputs else "failed",
                    "reason": "; ".join(filter(None, (run.result.reason, reported)))[:300],
                    "peak_bytes": run.result.peak_bytes, "peak_source": run.result.peak_source,
-                   "wall_s": run.result.wall_s}
+                   "wall_s": run.result.wall_s, "processes": run.result.processes}
         if figures["status"] == "failed" and not figures["reason"]:
             figures["reason"] = "no outputs"
         _REFERENCE_FIGURES[key] = figures
@@ -521,7 +523,7 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
     sides = {"candidate": _Session(mine, limits, sandbox), "baseline": _Session(theirs, limits, sandbox)}
     warmup, reps = int(params.get("warmup", clocked.warmup)), int(params.get("reps", clocked.reps))
     order = _call_order(item_seed(seed, "order"), warmup + reps)
-    timings: dict = {"candidate_s": [], "baseline_s": [], "candidate": [], "baseline": []}
+    timings: dict = {"candidate_s": [], "baseline_s": [], "candidate": [], "baseline": [], "withheld": []}
     failure: ItemResult | None = None
     try:
         for role, session in sides.items():
@@ -529,7 +531,9 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
                 failure = _session_failure(item, role, session, "did not start")
                 break
         for i, first in ([] if failure else enumerate(order)):
-            args = clocked.call_inputs(item_seed(seed, f"call{i}"), params, i)
+            args, kept = call_arguments(clocked, item_seed(seed, f"call{i}"), params, i)
+            if i >= warmup:
+                timings["withheld"].append(kept)
             for role in (first, "baseline" if first == "candidate" else "candidate"):
                 other = "baseline" if role == "candidate" else "candidate"
                 sides[other].freeze(True)
@@ -561,6 +565,14 @@ def _grade_clocked(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, s
     return _from_verdict(item, verdict, sum(timings["candidate_s"]))
 
 
+def call_arguments(clocked: Clocked, seed: int, params: dict, i: int) -> tuple[dict, dict]:
+    """The ``i``-th call's inputs, split: what both children are sent, and what stays here (the keys
+    ``clocked.withheld`` names: the labels its outputs are judged on)."""
+    args = clocked.call_inputs(seed, params, i)
+    return ({key: value for key, value in args.items() if key not in clocked.withheld},
+            {key: args[key] for key in clocked.withheld if key in args})
+
+
 def _call_order(seed: int, calls: int) -> list[str]:
     """Which side each call starts with: drawn per call, so neither always runs first."""
     import random
@@ -574,7 +586,19 @@ def _session_failure(item: Item, role: str, session: _Session, what: str) -> Ite
         return ItemResult(item.name, 0.0, item.points, "not_graded",
                           clean_reason(f"the grader's reference run {what}: a fault of the grading machine, "
                                        "not of the submission"))
-    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(redact_numbers(f"the timed call {what}")))
+    # What the child said before it ended (a construction that raised, an instrument replaced) names
+    # the cause better than the line it closed; both are the student's text, numbers redacted.
+    reported = session.endpoint.received.errors if session.endpoint is not None else []
+    if reported:
+        known = ("error", "tampered", "not_a_kernel", faults.MACHINE)
+        status = reported[0]["status"] if reported[0]["status"] in known else "error"
+        fault = faults.machine_fault((status, reported[0]["error"]), "")
+        if fault:
+            return ItemResult(item.name, 0.0, item.points, faults.NOT_GRADED, clean_reason(fault))
+        message = redact_numbers(reported[0]["error"])
+        return ItemResult(item.name, 0.0, item.points, status,
+                          clean_reason(f"your code raised {message}" if status == "error" else message))
+    return ItemResult(item.name, 0.0, item.points, "error", clean_reason(f"the timed call {redact_numbers(what)}"))
 
 
 def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: dict,
@@ -606,6 +630,25 @@ def _speed_result(item: Item, inputs: dict, timed: dict, params: dict, profile: 
                       reason, details={**details, "speedup": speedup, "phase_wall_s": wall_s})
 
 
+class ConfigurationError(Exception):
+    """A lab's item the engine will not grade as written: the course's mistake, never a student's."""
+
+
+def refuse_misconfigured(lab: LabSpec, item: Item) -> None:
+    """Student Python is never timed in its own process, where it can forge the clock and the
+    samples: a speed item is either a kernel item (only the student's ``@triton.jit`` functions
+    reach its child, which times them) or ``clocked`` (the grader's clock times each call)."""
+    pure_kernel = bool(item.kernels) and not item.artefacts
+    if item.is_speed and item.clocked is None and not pure_kernel:
+        raise ConfigurationError(
+            f"lab {lab.name}, item {item.name}: a speed item of student Python must be clocked "
+            "(Item.clocked: timed call by call on the grader's clock); only a kernel item, whose child runs "
+            "no student Python, may be timed inside its child")
+    if item.clocked is not None and item.reference is None:
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: a clocked item needs a reference "
+                                 "(Item.reference) for its baseline child")
+
+
 def run_items(items: list[Item], grade_one, parallel: int, alongside=None) -> list[ItemResult]:
     """``grade_one`` every item, in the order given: all but the speed items ``parallel`` at a
     time, then each speed item alone, once every other item's child has ended, so nothing shares
@@ -635,9 +678,12 @@ def grade_submission(
     isolated: bool = True, only: set[str] | None = None, alongside=None, scratch: Path | None = None,
 ) -> list[ItemResult]:
     """Grade every item of ``lab`` (or those named in ``only``) in the notebook at ``path``; never
-    raises for the student's doing. ``alongside`` runs once, as ``run_items`` says. The children's
+    raises for the student's doing (``ConfigurationError``, before any child runs, for the course's).
+    ``alongside`` runs once, as ``run_items`` says. The children's
     work folders are made in ``scratch`` (the job's folder), else in the temporary directory."""
     items = [it for it in lab.items if only is None or it.name in only]
+    for item in items:
+        refuse_misconfigured(lab, item)
     try:
         submitted = notebook.graded_cells(notebook.read_notebook(path))
     except notebook.NotebookError as exc:

@@ -21,9 +21,10 @@ An item that grades native code the student wrote as text (lab 09's C++) names i
 the grader has it compiled in a sandboxed child that loads nothing it made, judges the built bytes
 itself, and hands what it approved to the student's child as files (``Built``).
 
-Speed items add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` (a baseline may run the
-student's code on another backend, or ignore it) to a kernel or artefact item: the child, where no
-other student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+Speed items of kernels add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` to a kernel item:
+the child, where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
+A speed item of student Python is ``clocked`` (``Clocked``): the grader's own clock times it, call
+by call; the engine refuses any other speed item (``grade.ConfigurationError``).
 A Python item whose figure is measured in the student's process names its ``instruments``
 (dotted names, bound before the cells run and verified unchanged after them). An item that
 grades Python classes or functions on their own names them in ``artefacts``: only those
@@ -61,6 +62,7 @@ class Observed:
     peak_bytes: int = 0  # the child's memory peak (all its processes and tmpfs files)
     peak_source: str = "sampled"  # "cgroup": the kernel's count; "sampled": the watchdog's samples
     wall_s: float = 0.0
+    processes: int = 0  # the most processes of the child's own at once (its runner and what it started)
     services: dict[str, Any] = field(default_factory=dict)  # each service's record of the child's calls
     timings: dict[str, Any] = field(default_factory=dict)  # a clocked item's samples and outputs per call
     reference: dict[str, Any] = field(default_factory=dict)  # the reference child's figures (peak_bytes, ...)
@@ -76,7 +78,9 @@ class Clocked:
     the child until then, and times every call from its request to its result on its own clock. The
     child not being timed is frozen (its cgroup, or SIGSTOP where there is no freezer), so nothing
     it left running competes with the other. ``check`` finds the samples and both sides' outputs of
-    every call in ``observed.timings``.
+    every call in ``observed.timings``. The keys of a call's inputs named in ``withheld`` (the
+    labels a call's outputs are judged on) stay in the grader: ``observed.timings["withheld"]``
+    holds them, call by call, beside the outputs.
     """
 
     call_inputs: Callable[[int, dict, int], dict]
@@ -84,6 +88,7 @@ class Clocked:
     baseline: Callable[[dict, dict], Callable[[dict], Any]]  # the same in the reference child
     warmup: int = 1
     reps: int = 5
+    withheld: tuple[str, ...] = ()
 
 
 class BuildRefused(Exception):

@@ -27,6 +27,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 SANDBOX_PROCESSES = 2
 # A trusted run forked warm: its monitor.
 TRUSTED_PROCESSES = 1
+# How often the watchdog samples a child's processes and their memory.
+SAMPLE_S = 0.05
+# The process name of bubblewrap's own processes (its monitor and its pid namespace's init).
+BWRAP_NAME = "bwrap"
 # Memory a child may hold in its tmpfs folders beyond the resident-memory limit.
 CGROUP_SLACK_BYTES = 1 << 30
 
@@ -65,6 +69,10 @@ class ChildResult:
     # resident memory ("sampled", which a spike between two samples escapes).
     peak_bytes: int = 0
     peak_source: str = "sampled"
+    # The most processes of the child's own at once (the program the sandbox runs and every process
+    # it started; not the sandbox's launchers), as the watchdog saw them every ``SAMPLE_S`` seconds:
+    # a figure the child can raise by starting processes, never lower once they ran that long.
+    processes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -106,6 +114,20 @@ def _fork_helpers() -> set[int]:
     monitors = {pid for pid, parent, _ in table if parent in servers}
     sandboxed = monitors - prefork.trusted_monitors()
     return monitors | {pid for pid, parent, _ in table if parent in sandboxed}
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def own_processes(pids: list[int], helpers: set[int]) -> list[int]:
+    """The processes of a child's tree that are the child's own: not the fork server's monitors
+    and inits (``helpers``), not bubblewrap's. A process can rename itself only to hide."""
+    return [pid for pid in pids if pid not in helpers and _name(pid) != BWRAP_NAME]
 
 
 def children(parent: int) -> list[int]:
@@ -242,6 +264,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
     sampled_peak = 0
+    processes = 0
     while proc.poll() is None:
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_s and not verdict:
@@ -253,12 +276,13 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         helpers = _fork_helpers()
         resident = _resident_bytes([pid for pid in pids if pid not in helpers])
         sampled_peak = max(sampled_peak, resident)
+        processes = max(processes, len(own_processes(pids, helpers)))
         if resident > limits.memory_bytes and not verdict:
             verdict.append(("memory", f"memory limit exceeded: {resident >> 20} MiB resident (limit {limits.memory_bytes >> 20} MiB)"))
         if verdict:
             _kill_session(sid)
             break
-        time.sleep(0.05)
+        time.sleep(SAMPLE_S)
     proc.wait()
     # Whatever the child left running goes too: its session, and anything that left the session.
     _kill_session(sid)
@@ -292,4 +316,4 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         status, reason = "error", f"exited with code {rc}"
     return ChildResult(status, reason, rc, wall, output, isolated, jail is not None, view is not None, forked,
                        peak_bytes=peak if peak is not None else sampled_peak,
-                       peak_source="cgroup" if peak is not None else "sampled")
+                       peak_source="cgroup" if peak is not None else "sampled", processes=processes)

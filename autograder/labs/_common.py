@@ -61,3 +61,30 @@ def per_case(labels: list[str], check_one) -> Verdict:
     if not failures:
         return Verdict.passed(f"correct on all {len(labels)} hidden cases: {', '.join(labels)}")
     return Verdict(passed / len(labels), f"{passed}/{len(labels)} hidden cases correct; first failure: {failures[0]}")
+
+
+def clocked_speed(observed, params: dict, differs, what: str, against: str) -> Verdict:
+    """The verdict of a speed item timed on the grader's clock (``items.Clocked``): every timed
+    call's output is first checked against the baseline's output of the same call
+    (``differs(got, want, i) -> str | None`` says how it differs), so that a call answered from a
+    cache, or from an earlier call's answer, fails; then the median speedup of ``what`` over the
+    baseline (``against`` says what that is) meets the profile's ``min_speedup`` or not."""
+    from statistics import median
+
+    timings = observed.timings
+    candidate, baseline = timings.get("candidate") or [], timings.get("baseline") or []
+    if not candidate or len(candidate) != len(baseline):
+        return Verdict.failed("no timed call came back")
+    for i, (got, want) in enumerate(zip(candidate, baseline)):
+        problem = differs(got, want, i)
+        if problem:
+            return Verdict.failed(f"timed call {i}: {what} {problem}, against the baseline's answer to the same call")
+    speedup = median(timings["baseline_s"]) / median(timings["candidate_s"])
+    target = float(params.get("min_speedup", 1.0))
+    details = {"speedup": speedup, "candidate_s": list(timings["candidate_s"]),
+               "baseline_s": list(timings["baseline_s"])}
+    clock = (f"{what}: {speedup:.2f}x over {against}, median of {len(candidate)} calls each on the grader's clock, "
+             "each call's inputs new to it")
+    if speedup < target:
+        return Verdict(0.0, f"right answers, but {clock} (needs {target:.2f}x)", details)
+    return Verdict.passed(f"{clock} (needs {target:.2f}x)", **details)

@@ -1,7 +1,8 @@
-# expect: loop_speed=tampered
-# Forging the grader's clock: the loop is the honest fixed one, but every call prints the markers
-# the grading child writes when the timed phase starts and ends, hoping the parent clocks a phase
-# that fits whatever samples come back.
+# expect: loop_speed=failed
+# Forging the timed phase as far as a student still can: the grader's clock runs in the grader now,
+# so the loop prints the old phase markers (text nobody reads) and makes itself fast by doing the
+# work once: the first run trains for real, and every later run returns the first run's losses at
+# once, as if it had trained again.
 # %% grade_id=loop_code
 LOSS_WEIGHTS = (1.0, 2.0, 0.5, 1.5)
 PHASE = "\x1efastdl-timing:"
@@ -12,9 +13,11 @@ def make_loader(dataset, *, batch_size, seed, device="cpu"):
                       num_workers=2, persistent_workers=True)
 
 
-def train_fast(model, optimizer, loader, *, steps, device="cpu"):
+def train_fast(model, optimizer, loader, *, steps, device="cpu", done={}):
     print(PHASE + "end", flush=True)
     print(PHASE + "start", flush=True)
+    if "losses" in done:
+        return done["losses"].clone()
     weight = torch.tensor(LOSS_WEIGHTS, device=device)
     losses = []
     for tokens, _, labels in loader:
@@ -25,4 +28,5 @@ def train_fast(model, optimizer, loader, *, steps, device="cpu"):
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-    return torch.stack(losses)
+    done["losses"] = torch.stack(losses)
+    return done["losses"]
