@@ -92,6 +92,14 @@ def test_only_the_first_connection_is_accepted(tmp_path):
     assert endpoint.close().outputs == [1]
 
 
+def test_a_folder_deeper_than_a_socket_address_holds_still_listens(tmp_path):
+    folder = tmp_path / ("deep" * 40)
+    folder.mkdir()
+    endpoint = channel.Endpoint(str(folder))
+    result = _child(folder, endpoint, "link.send('outputs', value=7)\n")
+    assert result.ok and endpoint.close().outputs == [7]
+
+
 def test_a_child_that_never_connects_does_not_hold_the_grader(tmp_path):
     endpoint = channel.Endpoint(str(tmp_path))
     started = time.monotonic()

@@ -58,6 +58,26 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return data
 
 
+def _through_folder(action, path: str) -> None:
+    """``action(address)`` for a Unix socket at ``path``, however long: an address holds at most 107
+    bytes, and a job folder deep in a temporary directory is longer. Through the folder's
+    descriptor (``/proc/self/fd/N/name``) the address is short, and names the same file."""
+    folder, name = os.path.split(path)
+    fd = os.open(folder or ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        action(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
+
+
+def bind(sock: socket.socket, path: str) -> None:
+    _through_folder(sock.bind, path)
+
+
+def connect(sock: socket.socket, path: str) -> None:
+    _through_folder(sock.connect, path)
+
+
 def send(sock: socket.socket, value) -> None:
     data = wire.encode(value)
     sock.sendall(FRAME.pack(len(data)) + data)
@@ -85,7 +105,7 @@ class Link:
 
     def __init__(self, path: str):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        connect(self.sock, path)
         self._lock = threading.Lock()
 
     def send(self, kind: str, **fields) -> None:
@@ -142,7 +162,7 @@ class Endpoint:
         self.max_frame = max_frame
         self.received = Received()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        bind(self._listener, self.path)
         os.chmod(self.path, 0o666)  # the sandbox's uid connects; the folder around it is read-only to it
         self._listener.listen(1)
         self._conn: socket.socket | None = None
