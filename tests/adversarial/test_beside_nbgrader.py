@@ -4,10 +4,11 @@ an item's child run at the same time.
 
 The hostile cell is the reference's ``timing_code`` with an attack after it. Wherever it runs it
 lists every process it can see, looks for the engine's work folders, and sends SIGKILL to every
-process id there is but its own threads' and its parent's. In the item's child it then holds on for a while,
-so that nbgrader's kernel reaches the cell while that child is alive. The other item, the held one
-and nbgrader's run must all end as they would for the reference, and nbgrader's kernel must not
-have seen any process or folder of the engine's.
+process id there is but its own threads' and its parent's. In the item's child it then holds on
+until this test releases it (a SIGCONT, whose default action is nothing) once nbgrader's kernel has
+ended, so that the kernel reaches the cell while that child is alive however loaded the machine is.
+The other item, the held one and nbgrader's run must all end as they would for the reference, and
+nbgrader's kernel must not have seen any process or folder of the engine's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import glob
 import json
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -32,12 +34,15 @@ from autograder.submissions import make_submission, reference_solutions
 pytestmark = pytest.mark.slow
 LAB = "00_measure"
 REPORT = "BESIDE-ATTACK "
-# Long enough for nbgrader to start its kernel and reach the cell on a loaded machine.
-HOLD_S = 15
+# The longest the item's child waits for this test's release: well inside the item's wall limit.
+HOLD_S = 60
 # Where the engine makes its work folders (fastdl-<item>-*, fastdl-job-*), as this host names it.
 ENGINE_FOLDERS = os.path.join(tempfile.gettempdir(), "fastdl-*")
-# The process name of a forked item sandbox's monitor (nbgrader's kernel may be forked too).
+# The process names of a forked item sandbox's monitor and of a forked kernel's, and of the process
+# a forked sandbox runs its code in.
 ITEM_MONITOR = forkserver.MONITOR_NAME.format(label="item")
+KERNEL_MONITOR = forkserver.MONITOR_NAME.format(label="kernel")
+FORKED_CHILD = forkserver.NAMES["child"]
 ATTACK = f'''
 
 import glob as _glob
@@ -72,25 +77,50 @@ _time.sleep(1)
 _more, _more_folders, _more_killed = _attack()
 print({REPORT!r} + _json.dumps({{"began": _began, "ended": _time.time(), "processes": {{**_seen, **_more}},
                                  "folders": _folders + _more_folders, "killed": _killed + _more_killed}}))
-if _os.path.exists("/job/job.json"):  # the engine's child of this item
-    _time.sleep({HOLD_S})
+if _os.path.exists("/job/in/job.json"):  # the engine's child of this item: held until released
+    _released = []
+    _signal.signal(_signal.SIGCONT, lambda *_: _released.append(1))
+    _until = _time.monotonic() + {HOLD_S}
+    while not _released and _time.monotonic() < _until:
+        _time.sleep(0.05)
 '''
 
 
+def _command(pid: int) -> tuple[str, bytes]:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip(), Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "", b""
+
+
 def _watch_children(alive: list[float], folders: set[str], stop: threading.Event) -> None:
-    """Stamps the moments at which an engine child started by this test exists, and collects the
-    engine's work folders seen from here meanwhile."""
+    """Stamps the moments at which an engine child started by this test exists, collects the
+    engine's work folders seen from here meanwhile, and releases the held item child once
+    nbgrader's kernel, seen running, has gone."""
+    kernel_seen = kernel_gone = False
     while not stop.is_set():
         folders.update(glob.glob(ENGINE_FOLDERS))
+        item_children, kernel_now = [], False
         for pid in descendants(os.getpid()):
-            try:
-                # Started by bubblewrap, or forked by the fork server (which names its processes).
-                if (b"autograder.engine.child" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                        or Path(f"/proc/{pid}/comm").read_text().strip() == ITEM_MONITOR):
-                    alive.append(time.time())
-                    break
-            except OSError:
-                pass
+            comm, cmdline = _command(pid)
+            # A kernel forked by the kernels' server, or started by bubblewrap.
+            kernel_now |= comm == KERNEL_MONITOR or b"ipykernel_launcher" in cmdline
+            # Started by bubblewrap, or forked by the fork server (which names its processes).
+            if b"autograder.engine.child" in cmdline or comm == ITEM_MONITOR:
+                item_children.append(pid)
+        if item_children:
+            alive.append(time.time())
+        kernel_seen |= kernel_now
+        kernel_gone |= kernel_seen and not kernel_now
+        if kernel_gone:
+            # SIGCONT does nothing to a process that does not handle it: only the held cell does.
+            for pid in descendants(os.getpid()):
+                comm, cmdline = _command(pid)
+                if b"autograder.engine.child" in cmdline or comm == FORKED_CHILD:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
         stop.wait(0.1)
 
 
