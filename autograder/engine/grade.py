@@ -456,7 +456,11 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
                    "wall_s": run.result.wall_s, "processes": run.result.processes}
         if figures["status"] == "failed" and not figures["reason"]:
             figures["reason"] = "no outputs"
-        _REFERENCE_FIGURES[key] = figures
+        # Only a run that delivered is kept: a reference child that failed once (a machine briefly
+        # short of time or memory) runs again for the next submission rather than leaving every
+        # later one of this process not graded.
+        if figures["status"] == "ok":
+            _REFERENCE_FIGURES[key] = figures
         return figures
 
 
