@@ -430,6 +430,9 @@ def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox,
 # The reference child's figures per (lab, item, parameters, profile): they depend on the item's
 # sizes, never on one student's values, so one trusted run serves a grading process.
 _REFERENCE_FIGURES: dict[tuple, dict] = {}
+# One lock per key, so that two items' reference children run side by side (each item's thread
+# waits only for its own), and one guarding the table of locks.
+_REFERENCE_LOCKS: dict[tuple, threading.Lock] = {}
 _REFERENCE_LOCK = threading.Lock()
 # The inputs of a reference run: any seed gives the same sizes.
 REFERENCE_SEED = 0
@@ -441,6 +444,8 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
     key = (lab.name, item.name, json.dumps(params, sort_keys=True, default=str), sandbox.profile.get("name"),
            sandbox.isolated, sandbox.host_only)
     with _REFERENCE_LOCK:
+        lock = _REFERENCE_LOCKS.setdefault(key, threading.Lock())
+    with lock:
         if key in _REFERENCE_FIGURES:
             return _REFERENCE_FIGURES[key]
         inputs = item.make_inputs(REFERENCE_SEED, params)

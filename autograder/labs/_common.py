@@ -102,7 +102,7 @@ PEAK_MARGIN_MB = 64
 SAMPLED_NOTE = "sampled every 0.05 s, no memory cgroup here: a shorter spike is not seen"
 
 
-def exact_peaks() -> None:
+def exact_peaks(threshold: int = MMAP_THRESHOLD) -> None:
     """Make this process's memory peak follow what it holds, not what the allocator kept.
 
     By default glibc raises its mmap threshold to the size of the largest block freed so far (up to
@@ -115,13 +115,15 @@ def exact_peaks() -> None:
     mapped. With a fixed threshold of 64 KiB, every tensor of that size or more is mapped when
     allocated and unmapped when freed: the cgroup's peak is then what the code held at its worst
     moment, to a few MiB run to run. The price is a page fault per 4 KiB of every new tensor, about
-    as much time again as elementwise work. Called by a memory item's drive before its calls, in the
-    student's child and the reference child alike. Elsewhere than glibc, nothing changes.
+    as much time again as elementwise work. An item whose transient blocks are many, small and
+    short-lived next to what it must see (the interpreter's tiles beside an N x N matrix) may
+    pass a higher ``threshold``. Called by a memory item's drive before its calls, in the student's
+    child and the reference child alike. Elsewhere than glibc, nothing changes.
     """
     import ctypes
 
     try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, int(threshold))
     except (OSError, AttributeError):
         pass
 
