@@ -276,8 +276,8 @@ def _outputs(run: _Run):
     if not received.outputs:
         raise _Refused("failed", "the code ended before the grader's runner could deliver the outputs "
                                  "(sys.exit or os._exit in a solution cell?)")
-    if len(received.outputs) > 1:
-        raise _Refused("tampered", f"outputs were delivered {len(received.outputs)} times; the grader's runner "
+    if received.deliveries > 1:
+        raise _Refused("tampered", f"outputs were delivered {received.deliveries} times; the grader's runner "
                                    "delivers them once")
     return received.outputs[0]
 
