@@ -8,7 +8,9 @@ functions (``artefacts.py``); a Python item its solution cells; a built item (``
 source and the item's screen approved here. Inputs come from a secret seed per
 student and attempt, less what the item withholds, in the data-only format (``autograder.wire``);
 the child's outputs come back over its channel (``channel.py``) in the same format, and the item's
-``check`` compares them with references computed here. What an item measures about the child is
+``check`` compares them with references computed here. An item graded as worlds of ranks
+(``Item.worlds``, lab 07) gets one such child per rank, joined by the grader's relay
+(``worlds.py``). What an item measures about the child is
 measured from outside it: the memory peak of its cgroup (``jail.py``), this process's clock on
 each call (``Clocked`` items), the record of the services it called, a reference child's figures.
 Only kernel items, where no student Python runs, are timed inside the child (``speed.py``); the
@@ -356,6 +358,10 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         sandbox = replace(sandbox, host_only=True)
     if item.clocked is not None:
         return _grade_clocked(lab, item, cells, seed, sandbox, params, inputs)
+    if item.worlds is not None:
+        from autograder.engine import worlds  # it builds on this module's children
+
+        return worlds.grade_worlds(lab, item, cells, sandbox, params, inputs)
     mode = "speed" if item.is_speed else "check"
     if mode == "speed":
         params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
@@ -644,6 +650,13 @@ def refuse_misconfigured(lab: LabSpec, item: Item) -> None:
             f"lab {lab.name}, item {item.name}: a speed item of student Python must be clocked "
             "(Item.clocked: timed call by call on the grader's clock); only a kernel item, whose child runs "
             "no student Python, may be timed inside its child")
+    if item.worlds is not None and (item.is_speed or item.clocked or item.built or item.drive is None):
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: an item graded as worlds of ranks runs its "
+                                 "drive in every rank and is judged on what the relay saw; it is neither timed "
+                                 "nor built")
+    if item.worlds is not None and item.worlds.reference_worlds is not None and item.reference is None:
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: reference worlds need a reference "
+                                 "(Item.reference) for their trusted ranks")
     if item.clocked is not None and item.reference is None:
         raise ConfigurationError(f"lab {lab.name}, item {item.name}: a clocked item needs a reference "
                                  "(Item.reference) for its baseline child")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import subprocess
 import threading
@@ -49,6 +50,10 @@ class Limits:
     # A private network namespace starts with loopback down. Jupyter kernels and gloo ranks
     # talk over 127.0.0.1, so children that need that get loopback (and nothing else).
     loopback: bool = False
+    # How often the watchdog samples the child's processes and memory (every sample reads the
+    # process table several times). A world's rank children, many at once and each in a jail
+    # whose kernel limits stop a fork bomb or a spike, are sampled less often.
+    sample_s: float = 0.05
 
 
 @dataclass
@@ -243,6 +248,26 @@ def run_sandboxed(
     return _watch(proc, start, limits, view, jail, marker)
 
 
+def _wait_ended(proc, seconds: float) -> None:
+    """Sleep until the next sample, or until the child has ended, whichever comes first: a short
+    child is then seen to end at once, not up to a sample later."""
+    if isinstance(proc, Forked):
+        ended = proc.ended_fd()  # the monitor reports the end on it
+    else:
+        try:
+            ended = os.pidfd_open(proc.pid)
+        except OSError:
+            time.sleep(seconds)
+            return
+    try:
+        select.select([ended], [], [], seconds)
+    except (OSError, ValueError):
+        time.sleep(seconds)
+    finally:
+        if not isinstance(proc, Forked):
+            os.close(ended)
+
+
 def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Jail | None, marker: str) -> ChildResult:
     """The watchdog over a started child (a Popen, or a ``prefork.Forked``) until it ends."""
     sid = proc.pid
@@ -282,7 +307,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         if verdict:
             _kill_session(sid)
             break
-        time.sleep(SAMPLE_S)
+        _wait_ended(proc, limits.sample_s)
     proc.wait()
     # Whatever the child left running goes too: its session, and anything that left the session.
     _kill_session(sid)
