@@ -341,10 +341,6 @@ def _item_limits(item: Item, profile: dict, building: bool = False) -> Limits:
     """The limits of an item's child; ``building``: of its build child (``Item.built``), which alone
     gets the build's time when the item has one."""
     limits = profiles.limits(profile)
-    limits.loopback = item.loopback
-    limits.max_processes += item.processes
-    # Every rank imports torch: resident memory grows with the world.
-    limits.memory_bytes += item.processes * (1 << 30)
     if building or item.built is None:
         limits.wall_s += item.build_s
         limits.cpu_s += 2 * item.build_s

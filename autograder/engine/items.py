@@ -164,11 +164,6 @@ class Item:
     timed: Callable[[dict, dict], Callable[[], Any]] | None = None
     baseline: Callable[[dict], Callable[[], Any]] | None = None
     description: str = ""
-    # Multi-process items (lab 07) start their ranks inside the child: they talk over loopback
-    # (the child's own network namespace, so concurrent gradings never share a port) and need
-    # room for their processes.
-    loopback: bool = False
-    processes: int = 0
     kernels: tuple[str, ...] = ()
     instruments: tuple[str, ...] = ()
     artefacts: tuple[str, ...] = ()
