@@ -54,8 +54,8 @@ def test_the_reference_ring_passes_on_the_relay_log_and_each_rank_has_its_own_pe
     params = {"worlds": [[3, [7, 4]]], "rank_timeout_s": 10.0}
     inputs = item.make_inputs(3, params)
     cells = reference_solutions(course, LAB)
-    world = worlds.run_world(lab, item, cells, inputs, 0, 3, sandbox, params)
-    assert world.failure is None and all(run.result.ok for run in world.runs)
+    world = worlds.run_worlds(lab, item, cells, inputs, [(0, 3)], sandbox, params)[0]
+    assert world.failure is None and all(child.run.result.ok for child in world.ranks)
     # Two trials, a grader's barrier after each; six messages per rank, each to its right neighbour.
     assert [r["op"] for r in traffic.collectives(world.records)] == ["barrier", "barrier"]
     for rank in range(3):
@@ -67,7 +67,7 @@ def test_the_reference_ring_passes_on_the_relay_log_and_each_rank_has_its_own_pe
     assert [r["peak_source"] for r in figures["ranks"]] == ["cgroup"] * 3
     assert all(r["peak_bytes"] > 0 for r in figures["ranks"])
     # Each rank was sent its own tensors only, and holds the sum of all of them.
-    outputs = [grade._outputs(run) for run in world.runs]
+    outputs = world.outputs()
     for j in range(2):
         expected = sum(inputs["tensors"][0][r][j] for r in range(3))
         for rank in range(3):
@@ -182,9 +182,9 @@ def test_ranks_share_no_file_no_shared_memory_and_no_network(course, cpu):
     from autograder import notebook
 
     cells = notebook.graded_cells(notebook.read_notebook(course.submitted("world-side-channels", LAB))).solutions
-    world = worlds.run_world(lab, item, cells, item.make_inputs(1, params), 0, 2, sandbox, params)
-    assert world.failure is None and all(run.result.ok for run in world.runs), world.runs[0].result.output_tail
-    zero, one = (grade._outputs(run)[0]["out"] for run in world.runs)
+    world = worlds.run_worlds(lab, item, cells, item.make_inputs(1, params), [(0, 2)], sandbox, params)[0]
+    assert world.failure is None and all(child.run.result.ok for child in world.ranks)
+    zero, one = (trials[0]["out"] for trials in world.outputs())
     assert zero[:3].tolist() == [4 * 42.0] * 3  # rank 0 sees what it wrote
     assert one.tolist() == [0.0] * 5  # rank 1: its own empty files, and no store to reach
 
@@ -196,3 +196,30 @@ def test_the_relay_alone_joins_the_ranks_no_loopback_between_them(course, cpu):
     assert all(item.worlds is not None for item in lab.items)
     limits = grade._item_limits(lab.item("ring_allreduce"), cpu)
     assert limits.loopback is False and limits.isolate_network is True
+
+
+def test_the_worlds_of_an_item_share_rank_children_but_a_memory_world_has_its_own():
+    seats = [child.seats for child in worlds._children([(0, 2), (1, 3), (2, 4), (3, 2)], dedicated={3})]
+    assert seats == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1), (2, 1)], [(1, 2), (2, 2)], [(2, 3)],
+                     [(3, 0)], [(3, 1)]]
+
+
+def test_a_rank_that_fails_in_a_later_world_is_named_in_that_world(course, cpu):
+    student = _ring(course, "world-fails-later", '''
+import torch
+import torch.distributed as dist
+
+
+def ring_allreduce(tensor):
+    if dist.get_world_size() == 3 and dist.get_rank() == 2:
+        raise ValueError("three is a crowd")
+    return 0
+''')
+    profile = _profile(cpu)
+    profile["labs"][LAB]["ring_allreduce"] = {"worlds": [[2, [5]], [3, [5]]], "rank_timeout_s": 10.0}
+    started = time.monotonic()
+    result = _grade(course, profile, student)
+    assert result.status == "error" and result.score == 0, result
+    assert result.reason.startswith("world 2 of 2 (3 ranks), rank 2: ") and "crowd" in result.reason, result.reason
+    assert time.monotonic() - started < 8
+    assert _leftovers() == []

@@ -20,8 +20,8 @@ item finds the grader's copy of the approved files in ``/job/in/built``, and not
 student's.
 
 The runner connects to the grader before any student code exists, then runs the item's ``drive``
-once and sends its outputs (mode "check", or mode "rank": one rank of a world, joined to the
-grader's relay first, ``_join_world``); times a kernel item's candidate against its baseline
+once and sends its outputs (mode "check", or mode "rank": one rank of each of its worlds, joined
+to the grader's relay first, ``_take_seats``); times a kernel item's candidate against its baseline
 with ``fastdl_lab.timing.compare`` and marks the timed phase for the grader's clock (mode "speed");
 or answers the grader's calls one by one, each timed by the grader (mode "session").
 
@@ -223,16 +223,30 @@ def _serve(item, ns: dict, inputs: dict, link, reference: bool) -> None:
             link.send("result", id=number, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
 
 
-def _join_world(jobdir: str, inputs: dict) -> None:
-    """Mode "rank": this child is one rank of a world (``Item.worlds``). It joins the world through
-    the relay's socket in its job folder, the only way out of its sandbox, before any student code
-    exists; the socket is its rank to the relay, whatever this process says. Every collective and
-    message of the drive then goes through the relay, which logs it in the grader's process."""
-    from autograder.engine import relay_backend, relay_protocol
+def _take_seats(item, job: dict, jobdir: str, seats: list[dict], reference: bool) -> list:
+    """Mode "rank": this child is one rank of each world in ``seats``, one world after another
+    (``engine/worlds.py``). It joins each through that world's relay socket in its job folder, the
+    only way out of its sandbox; the first before any student code exists. The socket is its rank
+    to the relay, whatever this process says: every collective and message of the drive goes
+    through the relay, which logs it in the grader's process. The drive's outputs in every world
+    are delivered together."""
+    import torch.distributed as dist
+
+    from autograder.engine import relay_backend
 
     _memory_returned_on_free()
-    relay_backend.init_relay_world(_job_file(jobdir, relay_protocol.SOCKET), int(inputs["rank"]),
-                                   int(inputs["world_size"]), float(inputs["timeout_s"]))
+    outputs, ns = [], None
+    for seat in seats:
+        name = str(seat["socket"])
+        if os.path.basename(name) != name:
+            raise ValueError(f"a relay socket is a name in the job folder, not {name!r}")
+        relay_backend.init_relay_world(_job_file(jobdir, name), int(seat["rank"]), int(seat["world_size"]),
+                                       float(seat["timeout_s"]))
+        if ns is None:
+            ns = _reference_namespace(item, seat) if reference else _namespace(job, jobdir, item.library)
+        outputs.append(item.drive(ns, seat))
+        dist.destroy_process_group()  # leaves the world: the relay sees this rank go
+    return outputs
 
 
 # glibc's mallopt parameter: allocations from this many bytes are mapped on their own and unmapped
@@ -289,9 +303,9 @@ def main(jobdir: str) -> int:
         if mode == "build":
             # A build child: no code of the student's is loaded here, and nothing it builds.
             outputs = item.built.build(inputs["source"], job["params"])
+        elif mode == "rank":
+            outputs = _take_seats(item, job, jobdir, inputs["seats"], reference)
         else:
-            if mode == "rank":
-                _join_world(jobdir, inputs)
             ns = _reference_namespace(item, inputs) if reference else _namespace(job, jobdir, item.library)
             if mode == "speed":
                 instruments.verify()  # before the clock starts: a patched clock never times anything

@@ -29,8 +29,6 @@ import torch
 from autograder import wire
 
 FRAME = struct.Struct("<Q")
-# Where a rank of a graded world finds its relay's socket: in its own job folder (``/job/in``).
-SOCKET = "relay.sock"
 
 # op -> what its request carries besides "id" and "op" ("tensors" are data, the rest numbers,
 # names and specs). Collectives are matched across ranks by their place in each rank's sequence.

@@ -20,9 +20,9 @@ import functools
 from autograder.engine.items import Item, LabSpec, Worlds
 from autograder.labs.lab07_distributed import ranks
 from autograder.labs.lab07_distributed.data_parallel import (bucketed_check, case_sizes, ddp_check, ddp_rank_inputs,
-                                                             ps_check, ps_inputs, ps_rank_inputs, training_cases,
-                                                             zero_check, zero_inputs, zero_rank_inputs,
-                                                             zero_reference_worlds)
+                                                             ps_check, ps_inputs, ps_rank_inputs, ps_sizes,
+                                                             training_cases, zero_check, zero_inputs,
+                                                             zero_rank_inputs, zero_reference_worlds)
 from autograder.labs.lab07_distributed.ring_allreduce import ring_check, ring_inputs, ring_rank_inputs, ring_sizes
 from autograder.labs.lab07_distributed.sharded import (fsdp_cases, fsdp_check, fsdp_mixed_cases, fsdp_rank_inputs,
                                                        fsdp_reference_worlds, fsdp_sizes, tp_cases, tp_check,
@@ -107,7 +107,7 @@ LAB = LabSpec(
                           "ragged sizes, 2-4 ranks"),
         # One comparison, so one point; the runs around it check that the server honours it.
         _item("parameter_server", 1, "ps_code", ps_inputs, ranks.ps_rank, ps_check, ("bounded_staleness_rule",),
-              _worlds(lambda inputs: [run["world"] for run in inputs["runs"]], ps_rank_inputs), kind="mechanism",
+              _worlds(ps_sizes, ps_rank_inputs), kind="mechanism",
               description="bounded staleness never exceeds tau and converges"),
         _item("zero1", 2, "zero_code", zero_inputs, ranks.zero_rank, functools.partial(zero_check, points=2),
               ("Zero1",), _worlds(case_sizes, zero_rank_inputs, zero_reference_worlds), reference=_zero_reference,

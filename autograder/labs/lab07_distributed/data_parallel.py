@@ -182,9 +182,23 @@ def ps_inputs(seed: int, params: dict) -> dict:
     return {"probes": probes, "runs": runs}
 
 
+def ps_groups(inputs: dict) -> list[list[int]]:
+    """The runs each world holds, one after another: runs of the same size share a world (a world
+    costs its ranks' start, more than a short run)."""
+    groups: dict[int, list[int]] = {}
+    for i, run in enumerate(inputs["runs"]):
+        groups.setdefault(run["world"], []).append(i)
+    return list(groups.values())
+
+
+def ps_sizes(inputs: dict) -> list[int]:
+    return [inputs["runs"][group[0]]["world"] for group in ps_groups(inputs)]
+
+
 def ps_rank_inputs(inputs: dict, world: int, rank: int) -> dict:
     # The rule's answers come from one rank: the others need not see the probes.
-    return {"run": inputs["runs"][world], "probes": inputs["probes"] if (world, rank) == (0, 0) else []}
+    return {"runs": [inputs["runs"][i] for i in ps_groups(inputs)[world]],
+            "probes": inputs["probes"] if (world, rank) == (0, 0) else []}
 
 
 def ps_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
@@ -198,10 +212,15 @@ def ps_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
             server, gradient, tau = probe
             return Verdict.failed(f"bounded_staleness_rule(server_version={server}, gradient_version={gradient}, "
                                   f"tau={tau}) returned {bool(answer)}")
-    for run, per_rank, world in zip(inputs["runs"], outputs, observed.worlds, strict=True):
-        if any(r["kind"] == "collective" for r in world["records"]):
+    runs = []
+    for group, per_rank, world in zip(ps_groups(inputs), outputs, observed.worlds, strict=True):
+        if any(r["op"] != "barrier" for r in traffic.collectives(world["records"])):
             return Verdict.failed("the relay saw a collective in a parameter server's run, which is point to point")
-        server = per_rank[0]["result"]
+        problem = traffic.barrier_problem(world["records"], len(group))
+        if problem:
+            return Verdict.failed(problem)
+        runs += [(inputs["runs"][i], per_rank[0]["results"][j]) for j, i in enumerate(group)]
+    for run, server in runs:
         worst = max(server["staleness"], default=0)
         if worst > run["tau"]:
             return Verdict.failed(f"a gradient {worst} versions old was applied with tau={run['tau']} (self-reported "

@@ -69,14 +69,18 @@ def ring_rank(ns: dict, inputs: dict) -> list[dict]:
 
 
 def ps_rank(ns: dict, inputs: dict) -> dict:
-    """Rank 0 answers the rule's probes and serves; the others are workers. What the server records
-    (staleness, losses) is counted in its own process: self-reported."""
+    """Rank 0 answers the rule's probes and serves each run; the others are workers; a barrier
+    after each run keeps one run's messages out of the next. What the server records (staleness,
+    losses) is counted in its own process: self-reported."""
     rule = ns["bounded_staleness_rule"]
-    run, rank = inputs["run"], inputs["rank"]
+    rank = inputs["rank"]
     answers = [bool(rule(*probe)) for probe in inputs["probes"]]
-    result = ps.run_ps(rank, inputs["world_size"], "bounded", run["tau"], run["steps"], run["lr"], run["seed"],
-                       worker_delays=run["delays"], rule=rule)
-    return {"answers": answers, "result": result}
+    results = []
+    for run in inputs["runs"]:
+        results.append(ps.run_ps(rank, inputs["world_size"], "bounded", run["tau"], run["steps"], run["lr"],
+                                 run["seed"], worker_delays=run["delays"], rule=rule))
+        dist.barrier()
+    return {"answers": answers, "results": results}
 
 
 # --- ZeRO-1 ---------------------------------------------------------------------------------------
