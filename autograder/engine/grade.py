@@ -220,6 +220,9 @@ def start_fork_servers(lab: LabSpec, profile: dict) -> None:
     variants = {None} | ({_precompiled_headers()} if any(item.torch_headers for item in lab.items) else set())
     for headers in variants:
         prefork.server_for(_item_env(sandbox, bwrap.JOB, headers), gpu=bool(profile.get("gpu")))
+    if profile.get("gpu") and any(item.host_only for item in lab.items):
+        # The host's children see no GPU: on a GPU profile they are forked from a server of their own.
+        prefork.server_for(_item_env(replace(sandbox, host_only=True), bwrap.JOB, None), gpu=False)
 
 
 @dataclass

@@ -106,14 +106,16 @@ class Worlds:
 
     ``sizes(inputs)`` gives the ranks of each world the item asks for, in order. For every rank the
     grader makes that rank's inputs, ``rank_inputs(inputs, world, rank)`` (what the rank may know:
-    its own shard, its own tensor), adds ``world``, ``rank``, ``world_size`` and ``timeout_s`` (the
-    item's inputs' ``timeout_s``, else ``timeout_s`` here), and starts the rank's child. The child
-    joins the world through the one socket bound into its sandbox (``relay_backend.init_relay_world``)
-    before any student code exists, then runs the item's ``drive(ns, rank_inputs)``. The relay in
-    the grading process carries and logs every collective and message (``relay.py``): the check
-    reads what crossed from that log, never from a rank's count. ``reference_worlds(inputs)``
-    names the worlds that the course's own implementation (``Item.reference``) also runs, once per
-    grading process and parameters, for the figures a check compares a rank's with (its memory peak).
+    its own shard, its own tensor), and adds ``world``, ``rank``, ``world_size`` and ``timeout_s``
+    (the item's inputs' ``timeout_s``, else ``timeout_s`` here). Each rank runs in a sandboxed child
+    of its own, which the item's worlds share (child k is rank k of each world larger than k, one
+    world after another). The child joins each world through that world's socket in its folder
+    (``relay_backend.init_relay_world``), its first before any student code exists, and runs the
+    item's ``drive(ns, rank_inputs)`` there. The relay in the grading process carries and logs
+    every collective and message (``relay.py``): the check reads what crossed from that log, never
+    from a rank's count. ``reference_worlds(inputs)`` names the worlds that the course's own
+    implementation (``Item.reference``) also runs, once per grading process and parameters, for
+    the figures a check compares a rank's with (its memory peak); those have children of their own.
     """
 
     sizes: Callable[[dict], list[int]]
