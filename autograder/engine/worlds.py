@@ -263,8 +263,9 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: grade.San
         worlds = run_worlds(lab, item, {}, inputs, wanted, sandbox, params, reference=True,
                             dedicated={index for index, _ in wanted})
         failed = failure(item, worlds, lambda index: f"reference world {index + 1}")
-        figures = ({"status": "failed", "reason": failed.reason, "worlds": {}} if failed is not None else
-                   {"status": "ok", "reason": "", "worlds": {index: world.figures() for index, world in worlds.items()}})
+        figures = {"status": "ok", "reason": "", "worlds": {index: world.figures() for index, world in worlds.items()}}
+        if failed is not None:
+            figures = {"status": "failed", "reason": failed.reason, "worlds": {}}
         _REFERENCE[key] = figures
         return figures
 

@@ -324,7 +324,8 @@ def _zero_values(per_rank: list, j: int, case: dict, opt_name: str, defaults: di
 
 
 def _zero_runs(inputs: dict) -> list[tuple[int, int, str, dict]]:
-    return [(i, j, name, defaults) for i, c in enumerate(inputs["cases"]) for j, (name, defaults) in enumerate(c["runs"])]
+    return [(i, j, name, defaults) for i, c in enumerate(inputs["cases"])
+            for j, (name, defaults) in enumerate(c["runs"])]
 
 
 def zero_check(inputs: dict, outputs, params: dict, observed, points: float = 2) -> Verdict:

@@ -106,5 +106,6 @@ def ring_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
 
     verdict = per_case(labels, check_one)
     if verdict.fraction == 1:
-        verdict.reason += "; sums exact, and the relay carried each rank's ring: its bytes, its chunks, right neighbour only"
+        verdict.reason += ("; sums exact, and the relay carried each rank's ring: its bytes, its chunks, right "
+                           "neighbour only")
     return verdict

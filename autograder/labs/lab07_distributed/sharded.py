@@ -113,7 +113,8 @@ def collectives_problem(records: list[dict], shards: list[int], world_size: int,
             return (f"step {step}: all-gathers of {sorted(int(r['numel']) for r in gathers)} elements per rank; each "
                     f"unit's shard ({sorted(shards)}) is gathered twice")
         if any(r["dtype"] != wanted for r in gathers):
-            return f"step {step}: all-gathers in {sorted({r['dtype'] for r in gathers})}, not the compute dtype {wanted}"
+            return (f"step {step}: all-gathers in {sorted({r['dtype'] for r in gathers})}, not the compute dtype "
+                    f"{wanted}")
         if sorted(int(r["numel"]) // world_size for r in scatters) != sorted(shards):
             return f"step {step}: the reduce-scatters do not hand each rank its unit's shard"
     if phases[-1]:
@@ -285,4 +286,5 @@ def tp_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
     if problems:
         return Verdict(0.5, f"output and gradients correct, but {problems[0]} (the relay's log)")
     return Verdict.passed(f"output and gradients equal the unsplit MLP on {len(cases)} hidden "
-                          f"world{'s' * (len(cases) != 1)}; the relay saw one all-reduce in forward and one in backward")
+                          f"world{'s' * (len(cases) != 1)}; the relay saw one all-reduce in forward and one in "
+                          "backward")
