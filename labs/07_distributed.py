@@ -50,6 +50,18 @@
 # imports inside them, no `getattr`/`eval`, no `_private` attributes of other objects, no
 # assignments to attributes of anything but `self` and `ctx` (a gradient, `p.grad = ...`, is fine).
 # Anything else those cells do at their top level does not reach the grader.
+#
+# The grader starts every rank of a world in a sandbox of its own, sends each rank only its own
+# part of the hidden data (its slice of the batch, its own starting weights, its own tensor), and
+# carries every collective and message itself: your ranks meet only through the grader's relay
+# (no files, shared memory or sockets of their own in common), which logs what each rank sent.
+# The values your ranks end with are compared with the grader's references; the traffic (a
+# ring's bytes and chunks, each step's all-reduces, ZeRO's broadcasts, FSDP's gathers, tensor
+# parallelism's all-reduces) is read from the relay's log; ZeRO-1's and FSDP's memory from each
+# rank's memory peak on a larger model, against the course's implementation on the same world.
+# What only your rank could count (that all-reduces started during backward, the optimizer state
+# or tensors it holds) is worth one point of an item at most. The tests in this notebook measure
+# the same things inside the ranks, for quick feedback; they are not the grade.
 
 # %%
 from fastdl_lab import device

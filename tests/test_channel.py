@@ -37,6 +37,25 @@ def test_outputs_errors_and_marks_arrive_as_data(tmp_path):
     assert [phase for phase, _ in got.marks] == ["start"]
 
 
+def test_repeated_frames_are_counted_not_held(tmp_path):
+    """A child that sends its outputs, an error or a driven call's result again and again cannot
+    grow the grader: one outputs value and a few errors are kept, the rest counted; results sent
+    ahead of the grader's calls end the line."""
+    endpoint = channel.Endpoint(str(tmp_path))
+    result = _child(tmp_path, endpoint, "import torch\nbig = torch.zeros(1 << 20)\n"
+                    "for i in range(200):\n    link.send('outputs', value={'x': big, 'i': i})\n"
+                    "for i in range(200):\n    link.send('error', status='error', error='e' * 1000)\n")
+    got = endpoint.close()
+    assert result.ok, result.output_tail
+    assert got.deliveries == 200 and len(got.outputs) == 1 and got.outputs[0]["i"] == 0
+    assert len(got.errors) == channel.MAX_ERRORS
+
+    (tmp_path / "flood").mkdir()
+    endpoint = channel.Endpoint(str(tmp_path / "flood"))
+    _child(tmp_path, endpoint, "for i in range(100):\n    link.send('result', id=i, value=i)\n")
+    assert "results sent ahead" in endpoint.close().problem
+
+
 class Counter:
     def __init__(self):
         self.calls = []

@@ -102,3 +102,19 @@ def test_a_cpu_host_gets_a_dry_run_that_names_every_lab_student_and_item():
             assert f"  {student}: " in done.stdout
     assert "buggy-k-remainder: loses points on some of matmul_fp32, matmul_fp16, matmul_speed" in done.stdout
     assert (table.read_bytes() if table.exists() else None) == before  # nothing graded, nothing written
+
+
+_carry_spec = importlib.util.spec_from_file_location("gpu_carry", ROOT / "benchmarks" / "gpu_carry.py")
+gpu_carry = importlib.util.module_from_spec(_carry_spec)
+_carry_spec.loader.exec_module(gpu_carry)
+
+
+def test_the_carry_holds_what_the_image_lacks_and_nothing_it_has():
+    found = {"nbgrader": "0.9.6", "SQLAlchemy": "2.1.9", "torch": "2.13.0", "typing_extensions": "4.15.0",
+             "Jinja2": "3.1.6", "fastdl-lab": "0.1.0", "jupyter_core": "5.9.1"}
+    assert gpu_carry.to_carry(found) == {"SQLAlchemy": "2.1.9", "jupyter_core": "5.9.1", "nbgrader": "0.9.6"}
+
+
+def test_the_grading_path_imports_nbgrader_and_the_gradebook_from_this_environment():
+    found = {gpu_carry.normalise(name) for name in gpu_carry.imported_distributions(sys.executable)}
+    assert {"nbgrader", "sqlalchemy", "alembic", "jupytext", "nbformat", "torch"} <= found

@@ -39,6 +39,7 @@ parent's checks of the values still judge.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from autograder.engine.kernels import JIT_NAMES, _constant, _dotted, top_level_statements
@@ -158,8 +159,15 @@ def extract(sources: list[str], required: tuple[str, ...], library: str = "") ->
     Raises ``ArtefactRejected`` when a cell does not parse, a kept definition fails the screen, or
     a name in ``required`` is not defined at the top level of the cells.
     """
+    return _extracted(tuple(sources), tuple(required), library)
+
+
+# The same cells are extracted for every child of an item (every rank of every world, in lab 07):
+# the screen is a pure function of the sources, so each answer, or refusal, is kept.
+@functools.lru_cache(maxsize=64)
+def _extracted(sources: tuple[str, ...], required: tuple[str, ...], library: str) -> str:
     with pyast.LOCK:
-        return _extract(sources, required, re.compile(library, re.IGNORECASE) if library else None)
+        return _extract(list(sources), required, re.compile(library, re.IGNORECASE) if library else None)
 
 
 def _extract(sources: list[str], required: tuple[str, ...], library: re.Pattern | None) -> str:

@@ -38,6 +38,12 @@ FRAME = struct.Struct("<Q")
 MAX_FRAME = 512 << 20
 # Marks kept per child: a speed item's phase has two; more says the protocol was not followed.
 MAX_MARKS = 16
+# Error frames kept per child: the runner sends one. What a child sends beyond what the grader
+# keeps is counted, never held: a child that repeats a large frame must not grow the grader.
+MAX_ERRORS = 4
+# Results of driven calls waiting to be taken (``Endpoint.call`` waits for one at a time); a child
+# that sends more than this ahead floods the grader and its line is ended.
+MAX_RESULTS_WAITING = 4
 ERROR_CHARS = 2000
 # How often the listening thread looks whether the grader has stopped waiting for the child.
 ACCEPT_TICK_S = 0.05
@@ -141,7 +147,8 @@ class Link:
 class Received:
     """What the child sent, taken as data."""
 
-    outputs: list = field(default_factory=list)  # every outputs frame; one is the protocol
+    outputs: list = field(default_factory=list)  # the first outputs frame's value (one is the protocol)
+    deliveries: int = 0  # how many outputs frames came: the later ones are counted, not kept
     errors: list[dict] = field(default_factory=list)
     marks: list[tuple[str, float]] = field(default_factory=list)  # (phase, the grader's clock on arrival)
     connected: bool = False
@@ -211,10 +218,13 @@ class Endpoint:
         got = self.received
         kind = message.get("kind") if isinstance(message, dict) else None
         if kind == "outputs":
-            got.outputs.append(message.get("value"))
+            got.deliveries += 1
+            if not got.outputs:
+                got.outputs.append(message.get("value"))
         elif kind == "error":
-            got.errors.append({"status": str(message.get("status", "error"))[:40],
-                               "error": str(message.get("error", ""))[:ERROR_CHARS]})
+            if len(got.errors) < MAX_ERRORS:
+                got.errors.append({"status": str(message.get("status", "error"))[:40],
+                                   "error": str(message.get("error", ""))[:ERROR_CHARS]})
         elif kind == "mark":
             if len(got.marks) < MAX_MARKS:
                 got.marks.append((str(message.get("phase", ""))[:40], time.monotonic()))
@@ -222,6 +232,8 @@ class Endpoint:
             got.calls += 1
             self._answer(message)
         elif kind == "result":
+            if self._results.qsize() >= MAX_RESULTS_WAITING:
+                raise ChannelError(f"more than {MAX_RESULTS_WAITING} results sent ahead of the grader's calls")
             self._results.put(message)
         else:
             got.problem = got.problem or f"a frame of unknown kind {str(kind)[:40]!r}"

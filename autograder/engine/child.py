@@ -20,7 +20,8 @@ item finds the grader's copy of the approved files in ``/job/in/built``, and not
 student's.
 
 The runner connects to the grader before any student code exists, then runs the item's ``drive``
-once and sends its outputs (mode "check"); times a kernel item's candidate against its baseline
+once and sends its outputs (mode "check", or mode "rank": one rank of each of its worlds, joined
+to the grader's relay first, ``_take_seats``); times a kernel item's candidate against its baseline
 with ``fastdl_lab.timing.compare`` and marks the timed phase for the grader's clock (mode "speed");
 or answers the grader's calls one by one, each timed by the grader (mode "session").
 
@@ -222,6 +223,50 @@ def _serve(item, ns: dict, inputs: dict, link, reference: bool) -> None:
             link.send("result", id=number, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
 
 
+def _take_seats(item, job: dict, jobdir: str, seats: list[dict], reference: bool) -> list:
+    """Mode "rank": this child is one rank of each world in ``seats``, one world after another
+    (``engine/worlds.py``). It joins each through that world's relay socket in its job folder, the
+    only way out of its sandbox; the first before any student code exists. The socket is its rank
+    to the relay, whatever this process says: every collective and message of the drive goes
+    through the relay, which logs it in the grader's process. The drive's outputs in every world
+    are delivered together."""
+    import torch.distributed as dist
+
+    from autograder.engine import relay_backend
+
+    _memory_returned_on_free()
+    outputs, ns = [], None
+    for seat in seats:
+        name = str(seat["socket"])
+        if os.path.basename(name) != name:
+            raise ValueError(f"a relay socket is a name in the job folder, not {name!r}")
+        relay_backend.init_relay_world(_job_file(jobdir, name), int(seat["rank"]), int(seat["world_size"]),
+                                       float(seat["timeout_s"]))
+        if ns is None:
+            ns = _reference_namespace(item, seat) if reference else _namespace(job, jobdir, item.library)
+        outputs.append(item.drive(ns, seat))
+        dist.destroy_process_group()  # leaves the world: the relay sees this rank go
+    return outputs
+
+
+# glibc's mallopt parameter: allocations from this many bytes are mapped on their own and unmapped
+# when freed (and the threshold no longer moves up after a free, as it does by default).
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 64 << 10
+
+
+def _memory_returned_on_free() -> None:
+    """A rank's memory peak is a figure the grader reads (its cgroup's): large tensors go back to
+    the system when freed, rather than to whichever thread's heap freed them, so that the peak is
+    what the rank held at once, within a few MiB from run to run, not what its heaps kept."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peak is noisier, and the margins still apply
+
+
 def _report(link, status: str, exc: BaseException) -> None:
     summary = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
     print(summary, file=sys.stderr)
@@ -258,6 +303,8 @@ def main(jobdir: str) -> int:
         if mode == "build":
             # A build child: no code of the student's is loaded here, and nothing it builds.
             outputs = item.built.build(inputs["source"], job["params"])
+        elif mode == "rank":
+            outputs = _take_seats(item, job, jobdir, inputs["seats"], reference)
         else:
             ns = _reference_namespace(item, inputs) if reference else _namespace(job, jobdir, item.library)
             if mode == "speed":
@@ -289,7 +336,18 @@ def main(jobdir: str) -> int:
     except wire.WireError as exc:
         _report(link, "error", RuntimeError(f"the outputs are not data the grader reads: {exc}"))
         return 3
+    if mode == "rank":
+        _leave()
     return 0
+
+
+def _leave() -> None:
+    """A rank's child ends as soon as its outputs are delivered: a world waits for its slowest
+    rank, and the interpreter's exit functions (torch's registered libraries, each reset in turn)
+    take a tenth of a second on 2 cores, for nothing the grader reads."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ functions (``artefacts.py``); a Python item its solution cells; a built item (``
 source and the item's screen approved here. Inputs come from a secret seed per
 student and attempt, less what the item withholds, in the data-only format (``autograder.wire``);
 the child's outputs come back over its channel (``channel.py``) in the same format, and the item's
-``check`` compares them with references computed here. What an item measures about the child is
+``check`` compares them with references computed here. An item graded as worlds of ranks
+(``Item.worlds``, lab 07) gets one such child per rank, joined by the grader's relay
+(``worlds.py``). What an item measures about the child is
 measured from outside it: the memory peak of its cgroup (``jail.py``), this process's clock on
 each call (``Clocked`` items), the record of the services it called, a reference child's figures.
 Only kernel items, where no student Python runs, are timed inside the child (``speed.py``); the
@@ -218,6 +220,9 @@ def start_fork_servers(lab: LabSpec, profile: dict) -> None:
     variants = {None} | ({_precompiled_headers()} if any(item.torch_headers for item in lab.items) else set())
     for headers in variants:
         prefork.server_for(_item_env(sandbox, bwrap.JOB, headers), gpu=bool(profile.get("gpu")))
+    if profile.get("gpu") and any(item.host_only for item in lab.items):
+        # The host's children see no GPU: on a GPU profile they are forked from a server of their own.
+        prefork.server_for(_item_env(replace(sandbox, host_only=True), bwrap.JOB, None), gpu=False)
 
 
 @dataclass
@@ -229,12 +234,40 @@ class _Run:
     services: dict = field(default_factory=dict)
 
 
+_COMPILED = threading.Lock()
+_compiled = False
+
+
+def compile_grader() -> None:
+    """Byte-compile the grader's own modules and the full package where they lie, once per
+    process. Every sandboxed child imports them from a read-only mount with
+    PYTHONDONTWRITEBYTECODE set (a reference child the full package too), so each would compile
+    them from source again: about 50 ms of every one of lab 07's rank children, of which a
+    submission starts dozens. Python checks a cached file against its source's size and
+    modification time; a folder the grader cannot write is left as it is."""
+    global _compiled
+    import compileall
+    import contextlib
+    import io
+
+    with _COMPILED:
+        if _compiled:
+            return
+        _compiled = True
+        for folder in (Path(autograder.__file__).resolve().parent, FULL_PACKAGE / "fastdl_lab"):
+            if folder.is_dir():
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    compileall.compile_dir(str(folder), quiet=2, workers=1)
+
+
 def _run_child(work: _Workdir, limits: Limits, sandbox: Sandbox, headers: Path | None = None, *,
                services: dict | None = None, started=None, listening=None) -> _Run:
     """Run the child of ``work`` to its end; ``services`` answer its calls (``{name: service}``,
     each with ``handle(**args)`` and ``record()``); ``listening(endpoint)`` is called once its
     channel listens, ``started(jail)`` once the child runs."""
     services = services or {}
+    if sandbox.isolated:
+        compile_grader()
     endpoint = channel.Endpoint(work.path, {name: service.handle for name, service in services.items()})
     if listening is not None:
         listening(endpoint)
@@ -276,8 +309,8 @@ def _outputs(run: _Run):
     if not received.outputs:
         raise _Refused("failed", "the code ended before the grader's runner could deliver the outputs "
                                  "(sys.exit or os._exit in a solution cell?)")
-    if len(received.outputs) > 1:
-        raise _Refused("tampered", f"outputs were delivered {len(received.outputs)} times; the grader's runner "
+    if received.deliveries > 1:
+        raise _Refused("tampered", f"outputs were delivered {received.deliveries} times; the grader's runner "
                                    "delivers them once")
     return received.outputs[0]
 
@@ -339,10 +372,6 @@ def _item_limits(item: Item, profile: dict, building: bool = False) -> Limits:
     """The limits of an item's child; ``building``: of its build child (``Item.built``), which alone
     gets the build's time when the item has one."""
     limits = profiles.limits(profile)
-    limits.loopback = item.loopback
-    limits.max_processes += item.processes
-    # Every rank imports torch: resident memory grows with the world.
-    limits.memory_bytes += item.processes * (1 << 30)
     if building or item.built is None:
         limits.wall_s += item.build_s
         limits.cpu_s += 2 * item.build_s
@@ -356,6 +385,10 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         sandbox = replace(sandbox, host_only=True)
     if item.clocked is not None:
         return _grade_clocked(lab, item, cells, seed, sandbox, params, inputs)
+    if item.worlds is not None:
+        from autograder.engine import worlds  # it builds on this module's children
+
+        return worlds.grade_worlds(lab, item, cells, sandbox, params, inputs)
     mode = "speed" if item.is_speed else "check"
     if mode == "speed":
         params = {**params, "order_seed": item_seed(seed, "order") % (1 << 31)}
@@ -653,6 +686,13 @@ def refuse_misconfigured(lab: LabSpec, item: Item) -> None:
             f"lab {lab.name}, item {item.name}: a speed item of student Python must be clocked "
             "(Item.clocked: timed call by call on the grader's clock); only a kernel item, whose child runs "
             "no student Python, may be timed inside its child")
+    if item.worlds is not None and (item.is_speed or item.clocked or item.built or item.drive is None):
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: an item graded as worlds of ranks runs its "
+                                 "drive in every rank and is judged on what the relay saw; it is neither timed "
+                                 "nor built")
+    if item.worlds is not None and item.worlds.reference_worlds is not None and item.reference is None:
+        raise ConfigurationError(f"lab {lab.name}, item {item.name}: reference worlds need a reference "
+                                 "(Item.reference) for their trusted ranks")
     if item.clocked is not None and item.reference is None:
         raise ConfigurationError(f"lab {lab.name}, item {item.name}: a clocked item needs a reference "
                                  "(Item.reference) for its baseline child")

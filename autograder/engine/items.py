@@ -21,6 +21,11 @@ An item that grades native code the student wrote as text (lab 09's C++) names i
 the grader has it compiled in a sandboxed child that loads nothing it made, judges the built bytes
 itself, and hands what it approved to the student's child as files (``Built``).
 
+An item graded as *worlds of ranks* (lab 07) names them in ``worlds`` (``Worlds``): the grader
+starts, per world, a relay in its own process and one sandboxed child per rank, joined to the
+relay's socket alone; ``drive`` then runs in every rank child and ``check`` receives every rank's
+outputs with the relay's log of the world (``Observed.worlds``).
+
 Speed items of kernels add ``timed(ns, inputs)`` and ``baseline(ns, inputs)`` to a kernel item:
 the child, where no student Python exists, times the two A/B interleaved with ``fastdl_lab.timing``.
 A speed item of student Python is ``clocked`` (``Clocked``): the grader's own clock times it, call
@@ -66,6 +71,10 @@ class Observed:
     services: dict[str, Any] = field(default_factory=dict)  # each service's record of the child's calls
     timings: dict[str, Any] = field(default_factory=dict)  # a clocked item's samples and outputs per call
     reference: dict[str, Any] = field(default_factory=dict)  # the reference child's figures (peak_bytes, ...)
+    # An item graded as worlds (``Item.worlds``): per world, in order, {"size": ranks, "records": the
+    # relay's log (``relay.Relay.records``), "ranks": [{"peak_bytes", "peak_source", "wall_s",
+    # "processes"} of each rank's child]}.
+    worlds: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +98,35 @@ class Clocked:
     warmup: int = 1
     reps: int = 5
     withheld: tuple[str, ...] = ()
+
+
+@dataclass
+class Worlds:
+    """An item graded as worlds of ranks, each rank a sandboxed child of its own (``Item.worlds``).
+
+    ``sizes(inputs)`` gives the ranks of each world the item asks for, in order. For every rank the
+    grader makes that rank's inputs, ``rank_inputs(inputs, world, rank)`` (what the rank may know:
+    its own shard, its own tensor), and adds ``world``, ``rank``, ``world_size`` and ``timeout_s``
+    (the item's inputs' ``timeout_s``, else ``timeout_s`` here). Each rank runs in a sandboxed child
+    of its own, which the item's worlds share (child k is rank k of each world larger than k, one
+    world after another). The child joins each world through that world's socket in its folder
+    (``relay_backend.init_relay_world``), its first before any student code exists, and runs the
+    item's ``drive(ns, rank_inputs)`` there. The relay in the grading process carries and logs
+    every collective and message (``relay.py``): the check reads what crossed from that log, never
+    from a rank's count. ``reference_worlds(inputs)`` names the worlds that the course's own
+    implementation (``Item.reference``) also runs, once per grading process and parameters, for
+    the figures a check compares a rank's with (its memory peak); those have children of their own.
+    """
+
+    sizes: Callable[[dict], list[int]]
+    rank_inputs: Callable[[dict, int, int], dict]
+    timeout_s: float = 20.0
+    # What the relay of one world holds at most: a message (refused before it is read), bytes
+    # handed over and not yet delivered (eight messages), records and receives waiting. The
+    # grading process holds them, for every world at once.
+    max_message_bytes: int = 4 << 20
+    max_operations: int = 10_000
+    reference_worlds: Callable[[dict], list[int]] | None = None
 
 
 class BuildRefused(Exception):
@@ -128,11 +166,6 @@ class Item:
     timed: Callable[[dict, dict], Callable[[], Any]] | None = None
     baseline: Callable[[dict], Callable[[], Any]] | None = None
     description: str = ""
-    # Multi-process items (lab 07) start their ranks inside the child: they talk over loopback
-    # (the child's own network namespace, so concurrent gradings never share a port) and need
-    # room for their processes.
-    loopback: bool = False
-    processes: int = 0
     kernels: tuple[str, ...] = ()
     instruments: tuple[str, ...] = ()
     artefacts: tuple[str, ...] = ()
@@ -162,6 +195,8 @@ class Item:
     services: Callable[[dict, dict], dict[str, Any]] | None = None
     # Run on the CPU even on a GPU profile: a figure the kernel's cgroup measures (host memory).
     host_only: bool = False
+    # Graded as worlds of ranks, one sandboxed child per rank behind the grader's relay (``Worlds``).
+    worlds: Worlds | None = None
 
     @property
     def is_speed(self) -> bool:

@@ -96,6 +96,10 @@ class Forked:
             select.select([self._gone], [], [], GONE_S)
             os.close(self._gone)
 
+    def ended_fd(self):
+        """What becomes readable when the sandbox ends (the monitor's report): for ``select``."""
+        return self._reply
+
     def poll(self) -> int | None:
         if self.returncode is None:
             self._receive(block=False)

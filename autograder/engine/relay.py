@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autograder.engine import channel
 from autograder.engine import relay_ops as ops
 from autograder.engine import relay_protocol as protocol
 from autograder.engine.relay_ops import Mismatch, Refused, Request
@@ -155,7 +156,9 @@ class Relay:
             for rank, path in enumerate(socket_paths):
                 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self._ranks.append(_Rank(rank, path, listener))
-                listener.bind(path)
+                # Through the folder's descriptor: a rank's folder deep in a scratch directory has a
+                # path longer than a socket address holds.
+                channel.bind(listener, path)
                 os.chmod(path, socket_mode)
                 listener.listen(1)
         except BaseException:
@@ -210,6 +213,12 @@ class Relay:
                     return False
                 self._changed.wait(left)
             return True
+
+    def abort(self, why: str) -> None:
+        """Fail the world now (the grader saw a rank's sandbox end): every rank waiting, and every
+        later request, is answered ``why``; no rank waits out the timeout for one that is gone."""
+        with self._changed:
+            self._fail(why)
 
     def close(self) -> None:
         """Stop serving: close every socket and remove the paths this relay bound."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import subprocess
 import threading
@@ -49,6 +50,10 @@ class Limits:
     # A private network namespace starts with loopback down. Jupyter kernels and gloo ranks
     # talk over 127.0.0.1, so children that need that get loopback (and nothing else).
     loopback: bool = False
+    # How often the watchdog samples the child's processes and memory (every sample reads the
+    # process table several times). A world's rank children, many at once and each in a jail
+    # whose kernel limits stop a fork bomb or a spike, are sampled less often.
+    sample_s: float = 0.05
 
 
 @dataclass
@@ -103,14 +108,14 @@ def _process_table() -> list[tuple[int, int, int]]:
     return table
 
 
-def _fork_helpers() -> set[int]:
+def _fork_helpers(table: list[tuple[int, int, int]] | None = None) -> set[int]:
     """The monitors and inits of sandboxes forked by this process's fork servers (a kernel's
     too): copies of the warm interpreter that run no student code, whose pages are counted once,
     in the child they share them with. Known by parentage, which no student process can take on."""
     servers = prefork.server_pids()
     if not servers:
         return set()
-    table = _process_table()
+    table = _process_table() if table is None else table
     monitors = {pid for pid, parent, _ in table if parent in servers}
     sandboxed = monitors - prefork.trusted_monitors()
     return monitors | {pid for pid, parent, _ in table if parent in sandboxed}
@@ -135,14 +140,15 @@ def children(parent: int) -> list[int]:
     return [pid for pid, ppid, _ in _process_table() if ppid == parent]
 
 
-def _session_pids(sid: int) -> list[int]:
-    return [pid for pid, _, session in _process_table() if session == sid]
+def _session_pids(sid: int, table: list[tuple[int, int, int]] | None = None) -> list[int]:
+    return [pid for pid, _, session in (_process_table() if table is None else table) if session == sid]
 
 
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it: a sandbox's processes sit in sessions of their own."""
+def descendants(root: int, table: list[tuple[int, int, int]] | None = None) -> list[int]:
+    """``root`` and every process below it: a sandbox's processes sit in sessions of their own.
+    ``table``: a process table already read (``_process_table``), else it is read now."""
     children: dict[int, list[int]] = {}
-    for pid, parent, _ in _process_table():
+    for pid, parent, _ in (_process_table() if table is None else table):
         children.setdefault(parent, []).append(pid)
     found, todo = [], [root]
     while todo:
@@ -243,6 +249,26 @@ def run_sandboxed(
     return _watch(proc, start, limits, view, jail, marker)
 
 
+def _wait_ended(proc, seconds: float) -> None:
+    """Sleep until the next sample, or until the child has ended, whichever comes first: a short
+    child is then seen to end at once, not up to a sample later."""
+    if isinstance(proc, Forked):
+        ended = proc.ended_fd()  # the monitor reports the end on it
+    else:
+        try:
+            ended = os.pidfd_open(proc.pid)
+        except OSError:
+            time.sleep(seconds)
+            return
+    try:
+        select.select([ended], [], [], seconds)
+    except (OSError, ValueError):
+        time.sleep(seconds)
+    finally:
+        if not isinstance(proc, Forked):
+            os.close(ended)
+
+
 def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Jail | None, marker: str) -> ChildResult:
     """The watchdog over a started child (a Popen, or a ``prefork.Forked``) until it ends."""
     sid = proc.pid
@@ -269,11 +295,14 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_s and not verdict:
             verdict.append(("timeout", f"wall-time limit of {limits.wall_s:.0f} s exceeded (a loop that never ends?)"))
-        pids = sorted(set(_session_pids(sid)) | set(descendants(sid)) | set(jail.pids() if jail else ()))
+        # One reading of /proc per sample serves all three questions: with a dozen children
+        # watched at once, each reading of a few hundred processes' stat files adds up.
+        table = _process_table()
+        pids = sorted(set(_session_pids(sid, table)) | set(descendants(sid, table)) | set(jail.pids() if jail else ()))
         allowed = limits.max_processes + (SANDBOX_PROCESSES if view is not None else TRUSTED_PROCESSES if forked else 0)
         if len(pids) > allowed and not verdict:
             verdict.append(("processes", f"process limit exceeded: {len(pids)} processes (limit {limits.max_processes})"))
-        helpers = _fork_helpers()
+        helpers = _fork_helpers(table)
         resident = _resident_bytes([pid for pid in pids if pid not in helpers])
         sampled_peak = max(sampled_peak, resident)
         processes = max(processes, len(own_processes(pids, helpers)))
@@ -282,7 +311,7 @@ def _watch(proc, start: float, limits: Limits, view: bwrap.View | None, jail: Ja
         if verdict:
             _kill_session(sid)
             break
-        time.sleep(SAMPLE_S)
+        _wait_ended(proc, limits.sample_s)
     proc.wait()
     # Whatever the child left running goes too: its session, and anything that left the session.
     _kill_session(sid)

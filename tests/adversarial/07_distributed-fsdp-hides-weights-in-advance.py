@@ -1,4 +1,4 @@
-# expect: fsdp=partial
+# expect: fsdp=error
 # Hiding memory: keeps every unit's full weights in a buffer set aside when the class is defined, before the grader's first count, and gathers again only for show.
 # %% grade_id=fsdp_code
 import torch
