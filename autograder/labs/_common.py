@@ -93,39 +93,31 @@ def clocked_speed(observed, params: dict, differs, what: str, against: str) -> V
 
 # --- memory peaks measured outside the child ------------------------------------------------
 
-# Allocations of this size or more go straight to the kernel and back (``exact_peaks``).
-MMAP_THRESHOLD = 64 << 10
-# glibc's mallopt parameter for it (malloc.h); setting it also turns off glibc's own adjustment.
-_M_MMAP_THRESHOLD = -3
 # How far above the course's implementation the student's peak may go, unless the profile says.
 PEAK_MARGIN_MB = 64
 SAMPLED_NOTE = "sampled every 0.05 s, no memory cgroup here: a shorter spike is not seen"
 
 
-def exact_peaks(threshold: int = MMAP_THRESHOLD) -> None:
-    """Make this process's memory peak follow what it holds, not what the allocator kept.
+def exact_peaks(threshold: int | None = None) -> None:
+    """Make this process's memory peak follow what it holds, not what the allocator kept, as lab
+    07's ranks do (``engine/child.py``): blocks from ``threshold`` bytes (64 KiB by default) are
+    mapped when allocated and unmapped when freed.
 
     By default glibc raises its mmap threshold to the size of the largest block freed so far (up to
     32 MiB): from then on tensors of a few MiB come from the heap, and when freed they stay
-    resident in holes that small objects allocated in between keep from being reused or returned.
-    The peak then depends on the order of allocations as much as on their sizes, and on any
-    bookkeeping in between: a chain of Conv -> BN layers of 16 MiB measured 483 MiB and the same
-    chain with recompute 755 MiB; FlashAttention in PyTorch at N = 8192, its 2 MiB tiles from the
-    heap and the child's footprint count beside them, 870-910 MiB against 80 MiB with every tile
-    mapped. With a fixed threshold of 64 KiB, every tensor of that size or more is mapped when
-    allocated and unmapped when freed: the cgroup's peak is then what the code held at its worst
-    moment, to a few MiB run to run. The price is a page fault per 4 KiB of every new tensor, about
-    as much time again as elementwise work. An item whose transient blocks are many, small and
-    short-lived next to what it must see (the interpreter's tiles beside an N x N matrix) may
-    pass a higher ``threshold``. Called by a memory item's drive before its calls, in the student's
-    child and the reference child alike. Elsewhere than glibc, nothing changes.
+    resident in holes that blocks allocated in between keep from being reused or returned. The
+    peak then depends on the order of allocations as much as on their sizes: a chain of Conv -> BN
+    layers of 16 MiB measured 483 MiB, the same chain with recompute 755 MiB; FlashAttention in
+    PyTorch at N = 8192, its 2 MiB tiles from the heap and the child's footprint count beside
+    them, 870-910 MiB against 80 MiB with every tile mapped. Mapped, the peak repeats to a MiB or
+    so. The price is a page fault per 4 KiB of every new block, about as much time again as
+    elementwise work: an item whose transient blocks are many and small next to what it must see
+    (the interpreter's tiles beside an N x N matrix) passes a higher ``threshold``. Called by a
+    memory item's drive before its calls, in the student's child and the reference child alike.
     """
-    import ctypes
+    from autograder.engine.child import MMAP_THRESHOLD_BYTES, _memory_returned_on_free
 
-    try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, int(threshold))
-    except (OSError, AttributeError):
-        pass
+    _memory_returned_on_free(MMAP_THRESHOLD_BYTES if threshold is None else threshold)
 
 
 def mib(n: float) -> str:
