@@ -216,3 +216,32 @@ def test_measured_the_reference_keeps_its_points_and_the_naive_loses_the_memory_
     assert abs(honest.details["peak_excess_bytes"]) < 3 * MIB, honest.details
     assert naive_result.status == "partial" and naive_result.score < naive_result.max_score, naive_result.reason
     assert naive_result.details["peak_excess_bytes"] > 32 * MIB and "above the course's" in naive_result.reason
+
+
+def test_a_reference_run_that_failed_runs_again_and_one_that_delivered_is_kept(monkeypatch, cpu):
+    """A reference child that failed once (a machine briefly short of time) must not leave every
+    later submission of the grading process not graded; one that delivered serves them all."""
+    from pathlib import Path
+
+    from autograder.engine import channel, grade
+    from autograder.engine.sandbox import ChildResult
+
+    runs = []
+
+    def child(work, limits, sandbox, *args, **kwargs):
+        runs.append(work.job["reference"])
+        ok = len(runs) > 1
+        result = ChildResult("ok" if ok else "timeout", "" if ok else "wall-time limit", 0 if ok else -9, 1.0,
+                             peak_bytes=300 * MIB, peak_source="cgroup")
+        return grade._Run(result, channel.Received(outputs=[{}] if ok else []))
+
+    monkeypatch.setattr(grade, "_run_child", child)
+    monkeypatch.setattr(grade, "_REFERENCE_FIGURES", {})
+    spec = load_lab("02_fusion")
+    item = spec.item("convbn_memory")
+    sandbox = grade.Sandbox(Path("."), {**cpu, "name": "test-reference"})
+    first = grade.reference_figures(spec, item, CONVBN, sandbox)
+    assert first["status"] == "failed" and "wall-time" in first["reason"]
+    again = grade.reference_figures(spec, item, CONVBN, sandbox)
+    assert again["status"] == "ok" and again["peak_bytes"] == 300 * MIB
+    assert grade.reference_figures(spec, item, CONVBN, sandbox) is again and runs == [True, True]
