@@ -528,8 +528,9 @@ print(f"folded vs original, batch of {images.shape[0]}: {cmp.speedup:.2f}x "
 #
 # **Your task:** `conv_bn_train(x, conv_weight, bn_weight, bn_bias, eps=1e-5, stride=1, padding=1)`
 # with the same outputs and gradients as `fusion.conv_bn_train_ref` (conv without bias, then
-# `F.batch_norm` with batch statistics), through your own autograd Function that saves at most
-# 60% of the bytes the reference saves (`fusion.saved_tensor_bytes` counts them). What you need
+# `F.batch_norm` with batch statistics), through your own autograd Function that keeps the
+# convolution's output out of what waits for the backward (the test cell below asks for at most
+# 60% of the bytes the reference saves, as `fusion.saved_tensor_bytes` counts them). What you need
 # for backward, with $\hat y = (y - \mu)\,\sigma^{-1}$ (biased variance, as BatchNorm normalises
 # with), out $= \gamma \hat y + \beta$, upstream gradient $g$, and means over batch and pixels
 # ($n$ values per channel):
@@ -541,10 +542,19 @@ print(f"folded vs original, batch of {images.shape[0]}: {cmp.speedup:.2f}x "
 # and the conv's gradients from $\partial L / \partial y$ with `torch.nn.grad.conv2d_input` and
 # `torch.nn.grad.conv2d_weight`. Return `None` for the non-tensor arguments.
 #
-# The grader measures the saved bytes with only `ConvBNRecompute` and `conv_bn_train` taken out of
-# this cell, run with `torch` and `F` as their only names: no imports inside them, no
+# How the grader scores it: it takes only `ConvBNRecompute` and `conv_bn_train` out of this cell
+# and runs them with `torch` and `F` as their only names: no imports inside them, no
 # `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
 # anything but `self` and `ctx`. Anything else the cell does at its top level does not reach it.
+# It checks outputs and gradients on small hidden cases (3x3, strides, padding) and on a chain of
+# 50 ConvBN layers (1x1 convolutions, 4 MiB activations), one forward and one backward. The memory
+# points rest on that chain's **peak memory**, measured by the operating system for the whole
+# process your code runs in (its memory cgroup), against the same chain run with the course's
+# recompute: yours may be at most 64 MiB higher. A single layer would not show the difference (its
+# forward holds `x`, `y` and the output at once either way), but by the end of the chain's forward,
+# keeping every `y` costs 200 MiB. Where `y` is kept does not matter (`save_for_backward`, `ctx`, a
+# list, a NumPy array): it is memory the process holds. The saved bytes your process counts
+# itself are only a hint in the grader's reason.
 
 # %% nbgrader={"grade_id": "convbn_code", "solution": true}
 import torch

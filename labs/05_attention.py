@@ -291,15 +291,19 @@ for label, a, b in zip(("dq", "dk", "dv"), manual, auto):
 #   `None` for `causal` and `block_n`.
 #
 # How it is graded (`flash_torch`, 4 points). Half: the output and all three gradients against
-# fp64 attention on hidden shapes, causal and not, with `block_n` dividing $N$ or not. Half: what
-# your function keeps and creates, measured by the grader at $N$ and $2N$: the bytes saved for the
-# backward, every tensor the forward made that is still alive after it (wherever it is kept), the
-# Python objects it left behind, and the **largest tensor** any operation of either pass creates.
-# Saving or keeping anything $N \times N$, growing faster than $N$, or creating a tensor as large
-# as the scores (a mask included) loses this half, with the figure named. The grader runs only this
-# cell's classes and functions, with `math`, `torch` and `F` (`torch.nn.functional`) available:
-# imports inside them, library attention (`F.scaled_dot_product_attention`), NumPy and lists of
-# numbers are refused.
+# fp64 attention on hidden shapes, causal and not, with `block_n` dividing $N$ or not. Half:
+# **memory**, on one more causal forward and backward at $N = 8192$ ($d = 16$, `block_n` 64), where
+# a single $N \times N$ fp32 matrix is 256 MiB and $Q$, $K$, $V$ are 512 KiB each. Its output and
+# gradients are checked like the others, and its memory is the **peak** the operating system
+# counted for the whole process your code runs in (its memory cgroup: every thread and helper
+# process, whatever holds the bytes), against the same call with the course's implementation:
+# yours may be at most 64 MiB higher. Saving or keeping anything $N \times N$ anywhere, or creating
+# it even for a moment (a full mask is 64 MiB of booleans, and the `triu` that makes it more),
+# loses this half, with the figures named. What your own process counts on a call at $N = 512$
+# (`memory.footprint` below: saved, kept, largest tensor) comes with the reason as a hint, not a
+# score. The grader runs only this cell's classes and functions, with `math`, `torch` and `F`
+# (`torch.nn.functional`) available: imports inside them, library attention
+# (`F.scaled_dot_product_attention`), NumPy, lists of numbers and other processes are refused.
 
 # %% nbgrader={"grade_id": "attn_torch_code", "solution": true}
 import math
@@ -371,8 +375,8 @@ def flash_torch(q, k, v, causal=False, block_n=64):
 
 
 # %% [markdown]
-# `memory.footprint(fn, q, k, v)` runs one forward and backward and counts what the grader
-# counts. Against `attention_ref`, which lets autograd record its operations, and
+# `memory.footprint(fn, q, k, v)` runs one forward and backward and counts, from inside the
+# process, what the memory peak is made of. Against `attention_ref`, which lets autograd record its operations, and
 # `attention_tiled`, whose tiles autograd records one by one (small tensors, $N \times N$ in all):
 
 # %%
@@ -547,6 +551,18 @@ def attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, stride_z, stride_row, N
 # runs them with `torch` and `attention` as the only names: no imports inside them, no
 # `getattr`/`eval`, no `_private` attributes of other objects, no assignments to attributes of
 # anything but `self` and `ctx`. Whatever else the cell does at its top level does not reach it.
+#
+# How `attention_memory` (2 points) is graded: your kernel and this class run a small ragged case,
+# then one causal forward and backward at $N = 8192$ (one head, $d = 16$, $512 \times 512$ tiles),
+# where a single $N \times N$ fp32 matrix is 256 MiB. The outputs and gradients must be right, and
+# the **peak memory** the operating system counted for the whole process (its memory cgroup:
+# every thread and helper process, whatever holds the bytes) may be at most 64 MiB above the same
+# calls with the course's kernel and wiring. In the grader, `attention.launch_backward` runs
+# PyTorch's own FlashAttention backward for the CPU in place of the backward kernels (yours are
+# graded by `attention_bwd`): your backward must hand it the tensors your forward saved, and your
+# kernel's logsumexp must be the natural one section 5 asks for. It runs on the CPU on every
+# machine; on a GPU the allocator's peak is printed below, not graded. The saved bytes your
+# process counts itself are only a hint in the grader's reason.
 
 # %% nbgrader={"grade_id": "attn_function_code", "solution": true}
 import torch

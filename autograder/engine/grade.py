@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import median
@@ -403,17 +404,20 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
         return ItemResult(item.name, 0.0, item.points, "not_a_kernel", clean_reason(str(exc)))
     except artefacts.ArtefactRejected as exc:
         return ItemResult(item.name, 0.0, item.points, "rejected", clean_reason(str(exc)))
+    # The reference child (when the item has one and this process has not measured it yet) runs
+    # beside the student's: each is measured in its own cgroup, and the item waits for the longer
+    # of the two instead of their sum.
+    ahead = ThreadPoolExecutor(max_workers=1) if item.reference_run else None
     try:
-        reference = None
-        if item.reference_run:
-            reference = reference_figures(lab, item, params, sandbox)
-            if reference.get("status") != "ok":
-                return ItemResult(item.name, 0.0, item.points, "not_graded",
-                                  clean_reason(f"the grader's reference run failed ({reference.get('reason')}): "
-                                               "a fault of the grading machine, not of the submission"))
+        pending = ahead.submit(reference_figures, lab, item, params, sandbox) if ahead else None
         headers = _precompiled_headers() if item.torch_headers and item.built is None else None
         services = item.services(inputs, params) if item.services else None
         run = _run_child(work, _item_limits(item, sandbox.profile), sandbox, headers, services=services)
+        reference = pending.result() if pending else None
+        if reference is not None and reference.get("status") != "ok":
+            return ItemResult(item.name, 0.0, item.points, "not_graded",
+                              clean_reason(f"the grader's reference run failed ({reference.get('reason')}): "
+                                           "a fault of the grading machine, not of the submission"))
         if not run.result.ok:
             return _failure(item, run)
         try:
@@ -425,6 +429,8 @@ def _grade_item(lab: LabSpec, item: Item, cells: dict[str, str], seed: int, sand
             return _from_verdict(item, verdict, run.result.wall_s)
         return _speed_result(item, inputs, outputs, params, sandbox.profile, speed.timing_marks(run.received.marks))
     finally:
+        if ahead is not None:
+            ahead.shutdown(wait=True)  # no reference child outlives its item
         work.remove()
 
 
@@ -463,6 +469,9 @@ def _build(lab: LabSpec, item: Item, cells: dict[str, str], sandbox: Sandbox,
 # The reference child's figures per (lab, item, parameters, profile): they depend on the item's
 # sizes, never on one student's values, so one trusted run serves a grading process.
 _REFERENCE_FIGURES: dict[tuple, dict] = {}
+# One lock per key, so that two items' reference children run side by side (each item's thread
+# waits only for its own), and one guarding the table of locks.
+_REFERENCE_LOCKS: dict[tuple, threading.Lock] = {}
 _REFERENCE_LOCK = threading.Lock()
 # The inputs of a reference run: any seed gives the same sizes.
 REFERENCE_SEED = 0
@@ -474,6 +483,8 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
     key = (lab.name, item.name, json.dumps(params, sort_keys=True, default=str), sandbox.profile.get("name"),
            sandbox.isolated, sandbox.host_only)
     with _REFERENCE_LOCK:
+        lock = _REFERENCE_LOCKS.setdefault(key, threading.Lock())
+    with lock:
         if key in _REFERENCE_FIGURES:
             return _REFERENCE_FIGURES[key]
         inputs = item.make_inputs(REFERENCE_SEED, params)
@@ -489,7 +500,11 @@ def reference_figures(lab: LabSpec, item: Item, params: dict, sandbox: Sandbox) 
                    "wall_s": run.result.wall_s, "processes": run.result.processes}
         if figures["status"] == "failed" and not figures["reason"]:
             figures["reason"] = "no outputs"
-        _REFERENCE_FIGURES[key] = figures
+        # Only a run that delivered is kept: a reference child that failed once (a machine briefly
+        # short of time or memory) runs again for the next submission rather than leaving every
+        # later one of this process not graded.
+        if figures["status"] == "ok":
+            _REFERENCE_FIGURES[key] = figures
         return figures
 
 

@@ -183,7 +183,8 @@ class Item:
     withheld: tuple[str, ...] = ()
     # The course's own implementation under the names ``drive`` finds the student's:
     # ``reference(inputs) -> ns``, run in a trusted child (the full package, no student code). An
-    # item with ``reference_run`` runs it once per grading process and profile parameters, for the
+    # item with ``reference_run`` runs it once per grading process and profile parameters (again
+    # after a run that failed), through the item's own ``drive`` on inputs of the same sizes, for the
     # figures its check compares the student's with (``observed.reference``: its memory peak, ...).
     reference: Callable[[dict], dict] | None = None
     reference_run: bool = False

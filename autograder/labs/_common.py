@@ -1,4 +1,5 @@
-"""Pieces the lab specs share: finding the student's kernel, devices, per-case partial credit."""
+"""Pieces the lab specs share: finding the student's kernel, devices, per-case partial credit, and the
+memory peak a mechanism item is judged on."""
 
 from __future__ import annotations
 
@@ -88,3 +89,64 @@ def clocked_speed(observed, params: dict, differs, what: str, against: str) -> V
     if speedup < target:
         return Verdict(0.0, f"right answers, but {clock} (needs {target:.2f}x)", details)
     return Verdict.passed(f"{clock} (needs {target:.2f}x)", **details)
+
+
+# --- memory peaks measured outside the child ------------------------------------------------
+
+# How far above the course's implementation the student's peak may go, unless the profile says.
+PEAK_MARGIN_MB = 64
+SAMPLED_NOTE = "sampled every 0.05 s, no memory cgroup here: a shorter spike is not seen"
+
+
+def exact_peaks(threshold: int | None = None) -> None:
+    """Make this process's memory peak follow what it holds, not what the allocator kept, as lab
+    07's ranks do (``engine/child.py``): blocks from ``threshold`` bytes (64 KiB by default) are
+    mapped when allocated and unmapped when freed.
+
+    By default glibc raises its mmap threshold to the size of the largest block freed so far (up to
+    32 MiB): from then on tensors of a few MiB come from the heap, and when freed they stay
+    resident in holes that blocks allocated in between keep from being reused or returned. The
+    peak then depends on the order of allocations as much as on their sizes: a chain of Conv -> BN
+    layers of 16 MiB measured 483 MiB, the same chain with recompute 755 MiB; FlashAttention in
+    PyTorch at N = 8192, its 2 MiB tiles from the heap and the child's footprint count beside
+    them, 870-910 MiB against 80 MiB with every tile mapped. Mapped, the peak repeats to a MiB or
+    so. The price is a page fault per 4 KiB of every new block, about as much time again as
+    elementwise work: an item whose transient blocks are many and small next to what it must see
+    (the interpreter's tiles beside an N x N matrix) passes a higher ``threshold``. Called by a
+    memory item's drive before its calls, in the student's child and the reference child alike.
+    """
+    from autograder.engine.child import MMAP_THRESHOLD_BYTES, _memory_returned_on_free
+
+    _memory_returned_on_free(MMAP_THRESHOLD_BYTES if threshold is None else threshold)
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def peak_verdict(observed, params: dict, what: str, wrong: str) -> tuple[bool, str, dict]:
+    """(passed, reason, figures): the student's child's memory peak against the reference child's.
+
+    Both children ran the same driver on inputs of the same sizes, in the same sandbox and limits;
+    only the implementation differs (the student's, the course's). ``observed.peak_bytes`` is the
+    kernel's count for the child's cgroup (every thread and process of it, and its tmpfs files),
+    which nothing in the child can lower. The student's may exceed the course's by the profile's
+    ``peak_margin_mb``; ``what`` names the graded call ("at N=8192"), ``wrong`` says what the
+    wrong mechanism costs there (the margin is a fraction of it)."""
+    reference = observed.reference or {}
+    mine, theirs = int(observed.peak_bytes or 0), int(reference.get("peak_bytes") or 0)
+    margin = int(float(params.get("peak_margin_mb", PEAK_MARGIN_MB)) * 2**20)
+    excess = mine - theirs
+    figures = {"peak_bytes": mine, "reference_peak_bytes": theirs, "peak_excess_bytes": excess,
+               "peak_margin_bytes": margin, "peak_source": observed.peak_source,
+               "reference_peak_source": reference.get("peak_source")}
+    if not mine or not theirs:
+        return False, f"the memory of {what} could not be measured: no peak was recorded", figures
+    note = ""
+    if observed.peak_source != "cgroup" or reference.get("peak_source") != "cgroup":
+        note = f" ({SAMPLED_NOTE})"
+    if excess > margin:
+        return False, (f"peak {mib(excess)} above the course's implementation {what} (allowed {mib(margin)}; "
+                       f"{wrong}){note}"), figures
+    return True, (f"peak {mib(abs(excess))} {'above' if excess >= 0 else 'below'} the course's implementation "
+                  f"{what} (allowed {mib(margin)} above){note}"), figures

@@ -17,7 +17,7 @@ from fastdl_lab import checks
 # into autograd itself (below), so the kernel items do not depend on the student's wiring.
 from fastdl_lab.attention import STUDENT_KERNELS, backward_parts, launch_forward
 from fastdl_lab.attention import flash_attention as _flash_attention
-from fastdl_lab.memory import saved_tensor_bytes as _saved_tensor_bytes
+from fastdl_lab.memory import _saved_storages
 
 
 class _GraderWiring(torch.autograd.Function):
@@ -142,48 +142,84 @@ def dq_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 
 def memory_inputs(seed: int, params: dict) -> dict:
+    """A small ragged case, then the large one the memory is judged on (``params["shape"]``, with
+    ``params["blocks"]`` as the kernel's tiles: large tiles keep the interpreter's programs few)."""
     b, h, n, d = params["shape"]
-    rows = [(b, h, n, d, True, "float32", None, None), (b, h, 2 * n, d, True, "float32", None, None)]
+    block_m, block_n = params.get("blocks", (None, None))
+    rows = [(1, 2, 100, d, True, "float32", None, None), (b, h, n, d, True, "float32", block_m, block_n)]
     return {"cases": _cases(seed, rows)}
 
 
 def memory_drive(ns: dict, inputs: dict) -> dict:
-    """The student's own autograd wiring around their forward kernel: what does it keep?"""
+    """The student's autograd wiring around their forward kernel, forward and backward, on each case.
+
+    The wiring's backward calls ``attention.launch_backward``, which in this child is the grader's
+    stand-in (``_attention_memory.host_backward``). The small case runs first: the forward kernel is
+    compiled for sm_90 at its first launch, which at the large case's tiles would take minutes.
+    The saved bytes are counted on the graded calls themselves, in this process: a hint for the
+    reason, never a score."""
+    # The interpreter makes a few numpy temporaries of a tile (1 MiB at 512 x 512) per operation:
+    # mapping each one anew would take four times the forward's time. Below 4 MiB they come from the
+    # heap; q, k, v and their gradients are 512 KiB each, an N x N matrix 256 MiB, always mapped.
+    _common.exact_peaks(4 << 20)
     kernels = _kernels(ns, "fwd")
     function = ns.get("FlashAttention")
     if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
         raise TypeError("the wiring cell must define class FlashAttention(torch.autograd.Function)")
-    saved, outs = [], []
+    results = []
     for c in inputs["cases"]:
         leaves = [on_device(c[name]).clone().requires_grad_() for name in ("q", "k", "v")]
-        saved.append(_saved_tensor_bytes(
-            lambda q, k, v: _flash_attention(q, k, v, causal=c["causal"], kernels=kernels, function=function), *leaves))
-        out, _ = _run(c, kernels, function=function, requires_grad=True)
-        outs.append(out.detach().cpu())
-    return {"saved_bytes": saved, "outputs": outs}
+        out, saved = _saved_storages(
+            lambda q, k, v: _flash_attention(q, k, v, causal=c["causal"], kernels=kernels, block_m=c["block_m"],
+                                             block_n=c["block_n"], function=function), leaves)
+        # A scalar loss: grad_outputs would have autograd import sympy in this fresh process.
+        grads = torch.autograd.grad((out * on_device(c["do"])).sum(), leaves, allow_unused=True)
+        results.append({"o": out.detach().cpu(), "grads": [None if g is None else g.cpu() for g in grads],
+                        "saved_bytes": int(sum(saved.values()))})
+    return results
 
 
-def memory_check(inputs: dict, outputs, params: dict) -> Verdict:
-    from fastdl_lab.attention import check_attention
+def memory_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
+    from autograder.labs._attention_memory import check_case
 
     cases = inputs["cases"]
+    if not isinstance(outputs, list) or len(outputs) != len(cases):
+        return Verdict.failed(f"expected {len(cases)} results, got {type(outputs).__name__}")
     try:
-        for c, out in zip(cases, outputs["outputs"], strict=True):
-            require_tensor(out, f"o for {_label(c)}")
-            check_attention(on_device(out), *_qkv(c), c["causal"], name=f"o for {_label(c)}")
-    except (AssertionError, ValueError) as exc:
-        return Verdict.failed(f"the wired attention is wrong: {str(getattr(exc, 'report', exc))[:500]}")
-    small, large = (int(b) for b in outputs["saved_bytes"])
-    b, h, n2, _ = cases[1]["q"].shape
-    scores = b * h * n2 * n2 * cases[1]["q"].element_size()
-    figures = {"saved_bytes_n": small, "saved_bytes_2n": large, "scores_bytes_2n": scores}
-    if large >= scores:
-        return Verdict.failed(f"{large} bytes saved for backward at N={n2}: at least one N x N matrix "
-                              f"({scores} bytes) is kept", **figures)
-    if large > 2 * small + 64:
-        return Verdict.failed(f"doubling N took the saved bytes from {small} to {large}: more than linear", **figures)
-    return Verdict.passed(f"saves {small} bytes at N={n2 // 2} and {large} at N={n2}: linear, "
-                          f"no N x N matrix ({scores} bytes at N={n2})", **figures)
+        for c, r in zip(cases, outputs):
+            label = _label(c)
+            if not isinstance(r, dict) or not isinstance(r.get("grads"), list) or len(r["grads"]) != 3:
+                raise AssertionError(f"{label}: expected an output and three gradients")
+            for value, name in zip((r.get("o"), *r["grads"]), ("o", "dq", "dk", "dv")):
+                require_tensor(value, f"{name} for {label}")
+            check_case(r["o"], r["grads"], c["q"], c["k"], c["v"], c["do"], c["causal"], label)
+    except AssertionError as exc:
+        return Verdict.failed(f"the wired attention is wrong (forward and backward): {_common.failure_text(exc)[:400]}")
+    b, h, n, _ = cases[-1]["q"].shape
+    scores = b * h * n * n * 4
+    kept, memory, figures = _common.peak_verdict(
+        observed, params, f"at N={n}", f"an N x N fp32 matrix is {_common.mib(scores)}")
+    hint = outputs[-1].get("saved_bytes")
+    figures = {**figures, "scores_bytes": scores, "saved_bytes_self_reported": hint}
+    if kept:
+        return Verdict.passed(f"forward and backward correct; {memory}", **figures)
+    hint = f"; your process counted {_common.mib(hint)} saved (self-reported, not scored)" \
+        if isinstance(hint, int) else ""
+    return Verdict.failed(f"forward and backward correct, but {memory}{hint}", **figures)
+
+
+def memory_reference(inputs: dict) -> dict:
+    """The course's forward kernel and wiring, its backward going to the same stand-in as the student's."""
+    from autograder.engine.child import _prove_kernels_compile
+    from autograder.labs._attention_memory import host_backward
+    from fastdl_lab.attention import forward, function
+
+    # A trusted child: the package's own wiring calls launch_backward by its module's name.
+    function.launch_backward = host_backward
+    # The student's kernel is compiled for sm_90 at its first launch, and the compiler's memory
+    # stays in the child's peak: the course's kernel is compiled the same way here.
+    _prove_kernels_compile(vars(forward))
+    return {STUDENT_KERNELS["fwd"]: function.KERNELS["fwd"], "FlashAttention": function.FlashAttentionFunction}
 
 
 def speed_inputs(seed: int, params: dict) -> dict:
@@ -212,10 +248,13 @@ def speed_check(inputs: dict, outputs, params: dict) -> Verdict:
 
 FORWARD = (STUDENT_KERNELS["fwd"],)
 # The wiring is graded on its own: only the cell's classes and functions (screened) run, with these
-# names and the forward kernel, so no code of the student's can rewrite what the driver measures.
-MEMORY_SCOPE = "import torch\nfrom fastdl_lab import attention\n"
-MEMORY_INSTRUMENTS = ("autograder.labs.lab05_attention._saved_tensor_bytes",
-                      "autograder.labs.lab05_attention._flash_attention", *_common.SAVED_TENSOR_INSTRUMENTS)
+# names and the forward kernel. Its ``attention`` is the package's with the grader's backward in
+# place of launch_backward's kernels (``_attention_memory``). The memory is the cgroup's peak of the
+# child, on the host even on a GPU profile, against a reference child running the course's wiring.
+MEMORY_SCOPE = "import torch\nfrom autograder.labs._attention_memory import attention\n"
+MEMORY_INSTRUMENTS = ("autograder.labs.lab05_attention._saved_storages",
+                      "autograder.labs.lab05_attention._flash_attention",
+                      "autograder.labs._attention_memory.host_backward", *_common.SAVED_TENSOR_INSTRUMENTS)
 
 LAB = LabSpec(
     name="05_attention",
@@ -232,7 +271,8 @@ LAB = LabSpec(
              description="optional: the dQ kernel, one program per query block"),
         Item("attention_memory", 2, ("attn_fwd_code", "attn_function_code"), memory_inputs, memory_drive,
              memory_check, kind="mechanism", kernels=FORWARD, artefacts=("FlashAttention",), scope=MEMORY_SCOPE,
-             instruments=MEMORY_INSTRUMENTS, description="the student's autograd wiring keeps nothing N x N"),
+             instruments=MEMORY_INSTRUMENTS, reference=memory_reference, reference_run=True, host_only=True,
+             description="the student's wiring, forward and backward at a large N: nothing N x N kept"),
         Item("attention_speed", 2, ("attn_fwd_code",), speed_inputs, kind="speed", check=speed_check,
              timed=speed_timed, baseline=speed_baseline, kernels=FORWARD, description="forward vs scaled_dot_product_attention (GPU)"),
     ],

@@ -1,0 +1,26 @@
+# expect: attention_memory=failed
+# Hiding the N x N scores from the count: kept on ctx as a NumPy array, which neither save_for_backward's hooks nor
+# a walk of ctx for tensors counts.
+# %% grade_id=attn_function_code
+import torch
+
+from fastdl_lab import attention
+
+
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, kernels, config):
+        b, h, n, d = q.shape
+        q3, k3, v3 = (t.reshape(b * h, n, d).contiguous() for t in (q, k, v))
+        o3, lse = attention.launch_forward(kernels["fwd"], q3, k3, v3, causal, scale, config)
+        ctx.save_for_backward(q3, k3, v3, o3, lse)
+        ctx.scores = (q3 @ k3.transpose(-2, -1)).numpy()
+        ctx.causal, ctx.scale, ctx.kernels, ctx.config = causal, scale, kernels, config
+        return o3.view(q.shape)
+
+    @staticmethod
+    def backward(ctx, do):
+        q3, k3, v3, o3, lse = ctx.saved_tensors
+        do3 = do.contiguous().view(o3.shape)
+        grads = attention.launch_backward(ctx.kernels, q3, k3, v3, o3, lse, do3, ctx.causal, ctx.scale, ctx.config)
+        return (*(g.view(do.shape) for g in grads), None, None, None, None)
