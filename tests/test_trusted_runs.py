@@ -185,3 +185,16 @@ def test_a_server_drops_a_request_of_the_other_kind_handed_to_it_directly(tmp_pa
             os.close(read_end)
             server.close()
     assert not proof.exists()
+
+
+def test_the_kernel_relay_folder_goes_with_the_grading_process(tmp_path):
+    """Every grading process opens the relay's folder in the temporary directory; it must not stay
+    behind once that process has ended."""
+    if not prefork.enabled():
+        pytest.skip("FASTDL_PREFORK=0: no relay")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    program = "from autograder.engine import prefork; print(prefork.kernel_relay())"
+    path = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert path.startswith(str(tmp_path)) and path.endswith("kernels.sock")
+    assert not os.path.exists(os.path.dirname(path)) and list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ before.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -319,7 +321,15 @@ def kernel_relay() -> str | None:
             listener.listen(8)
             threading.Thread(target=_relay_loop, args=(listener,), daemon=True, name="fastdl-kernel-relay").start()
             _relay = (os.getpid(), path)
+            # The folder outlives nothing but its grading process; a fork of that process (a Dask
+            # worker, a test's child) opens its own and must not take this one with it.
+            atexit.register(_remove_relay_folder, os.getpid(), folder)
         return _relay[1]
+
+
+def _remove_relay_folder(owner: int, folder: str) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _relay_loop(listener: socket.socket) -> None:
