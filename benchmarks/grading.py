@@ -19,7 +19,11 @@ sandboxed items), then appends one row per lab, with hardware columns, to
   forked from fork servers, ``forked`` when the item children and the kernel were (rows of
   2026-11-25, when nbgrader's process still started cold), ``forked items`` when only the item
   children were (rows of 2026-11-25 before the kernel was), ``cold`` when each started a fresh
-  interpreter (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold).
+  interpreter (``FASTDL_PREFORK=0``, a GPU profile; rows before this column existed are all cold);
+- ``nth``: which grading of the lab this is in the grading process. The first pays for what a
+  process measures once per lab (the reference children of memory items and memory worlds); with
+  ``--again N`` the same submission is graded N more times, as later students of a class are.
+  Rows before this column existed are all first gradings.
 
 ``--cells N`` also prints, for each lab, the N slowest cells of nbgrader's run of the notebook (from
 the timing nbclient records in each executed cell): where a lab's share of nbgrader's time goes.
@@ -28,7 +32,7 @@ the timing nbclient records in each executed cell): where a lab's share of nbgra
 (as graded) with nbgrader's run first and the items after it (as graded before): both, in turn,
 ``--rounds`` times per lab after a warm-up, one row per run in ``grading_beside.csv``.
 
-    python benchmarks/grading.py [--labs 01_gemm ...] [--cells 5] [--beside [--rounds 2]] [--dry-run]
+    python benchmarks/grading.py [--labs 01_gemm ...] [--again N] [--cells 5] [--beside [--rounds 2]] [--dry-run]
 """
 
 import argparse
@@ -55,6 +59,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each arrangement per lab (--beside)")
     parser.add_argument("--cells", type=int, default=0, metavar="N",
                         help="print the N slowest cells of nbgrader's run of each lab")
+    parser.add_argument("--again", type=int, default=0, metavar="N",
+                        help="grade each lab's submission N more times in the same process (column nth)")
     parser.add_argument("--dry-run", action="store_true", help="print the rows, record nothing")
     args = parser.parse_args(argv)
     labs = args.labs or list(all_labs())
@@ -73,15 +79,17 @@ def main(argv=None) -> None:
         start_fork_servers(all_labs()[lab], profile)
         jobs.start_nbgrader_servers(course.student_package, profile)
         setup_s = time.monotonic() - started
-        before = prefork.forked_total, prefork.kernels_total, prefork.trusted_total
-        seconds, record, summary = _grade(course, lab, profile)
-        rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
-                     "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
-                     "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
-                     "setup_s": round(setup_s, 2),
-                     "children": _children(*(now > then for now, then in zip(
-                         (prefork.forked_total, prefork.kernels_total, prefork.trusted_total), before)))})
-        print(rows[-1])
+        for nth in range(1, 2 + args.again):
+            before = prefork.forked_total, prefork.kernels_total, prefork.trusted_total
+            seconds, record, summary = _grade(course, lab, profile)
+            rows.append({"lab": lab, "profile": profile["name"], "submission_s": round(seconds, 2),
+                         "nbgrader_s": record["seconds"]["nbgrader"], "engine_s": record["seconds"]["engine"],
+                         "score": sum(item["score"] for item in record["items"]), "problems": len(summary.failures),
+                         "setup_s": round(setup_s, 2),
+                         "children": _children(*(now > then for now, then in zip(
+                             (prefork.forked_total, prefork.kernels_total, prefork.trusted_total), before))),
+                         "nth": nth})
+            print(rows[-1], flush=True)
         if args.cells:
             executed = json.loads(course.autograded("reference", lab).read_text(encoding="utf-8"))
             for seconds_, index, source in slowest_cells(executed, args.cells):
