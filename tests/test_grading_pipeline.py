@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import re
+import time
 
 import nbformat
 import pytest
@@ -133,10 +134,23 @@ def test_buggy_demos_lose_points_with_reasons(demo):
             assert all(r["reason"] and r["status"] != "not_graded" for r in lost)
 
 
-def test_feedback_shows_verdicts_and_no_hidden_tests(demo):
+def test_feedback_shows_verdicts_and_no_hidden_tests(demo, monkeypatch):
     lab = load_lab("01_gemm")
     course = demo[lab.name].course
+    calls, nbgrader = [], course.nbgrader
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return nbgrader(*args, **kwargs)
+
+    monkeypatch.setattr(course, "nbgrader", counted)
+    started = time.time()
     assert pipeline.feedback(course, lab, ["reference", "buggy-k-remainder"]) == []
+    # One nbgrader run for both, and nobody else's page written by it.
+    assert len(calls) == 1 and calls[0][:2] == ("generate_feedback", lab.name)
+    others = set(course.students(lab.name)) - {"reference", "buggy-k-remainder"}
+    assert others and not [page for student in others for page in course.feedback_dir(student, lab.name).glob("*.html")
+                           if page.stat().st_mtime >= started - 1]
     source = nbformat.read(course.source(lab.name), as_version=4)
     hidden = set()
     for cell in source.cells:

@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import stat
+import subprocess
 import threading
 
 import pytest
@@ -251,3 +252,55 @@ def test_a_flood_kept_by_nbgrader_is_cut_before_feedback(tmp_path):
     assert len(cell["outputs"][0]["text"]) < notebook.MAX_OUTPUT_CHARS + 100
     assert len(cell["outputs"][1]["traceback"][0]) < notebook.MAX_OUTPUT_CHARS + 100
     assert not notebook.cap_outputs(path)  # nothing left to cut
+
+
+class FeedbackCourse(Course):
+    """A course whose nbgrader writes a page per student it is asked for, and fails for ``broken``."""
+
+    def __init__(self, root, broken=()):
+        super().__init__(root)
+        self.broken, self.calls = set(broken), []
+
+    def nbgrader(self, *args, timeout=1800):
+        self.calls.append(args)
+        lab = args[1]
+        if "--student" in args:
+            asked = [args[args.index("--student") + 1]]
+        else:
+            excluded = next(a.split("=", 1)[1] for a in args if a.startswith("--CourseDirectory.student_id_exclude="))
+            asked = [p.name for p in (self.root / "autograded").iterdir() if p.name not in excluded.split(",")]
+        for student in asked:
+            if student not in self.broken:
+                self.feedback_dir(student, lab).mkdir(parents=True, exist_ok=True)
+                (self.feedback_dir(student, lab) / f"{lab}.html").write_text("page")
+        failed = bool(self.broken & set(asked))
+        return subprocess.CompletedProcess(args, int(failed), "", "conversion failed" if failed else "")
+
+
+def _autograded(course, *students):
+    for student in students:
+        course.autograded(student, LAB).parent.mkdir(parents=True)
+
+
+def test_feedback_is_one_nbgrader_run_for_the_students_asked_and_leaves_the_others_out(tmp_path):
+    course = FeedbackCourse(tmp_path / "course")
+    _autograded(course, "ann", "ben", "cat")
+    assert pipeline._generate_feedback(course, LAB, ["ann", "ben"]) == []
+    assert len(course.calls) == 1 and "--student" not in course.calls[0]
+    assert not course.feedback_dir("cat", LAB).exists()
+
+
+def test_feedback_that_fails_in_one_run_is_made_again_per_student_and_names_the_student(tmp_path):
+    course = FeedbackCourse(tmp_path / "course", broken=["ben"])
+    _autograded(course, "ann", "ben", "cat")
+    failures = pipeline._generate_feedback(course, LAB, ["ann", "ben", "cat"])
+    assert len(failures) == 1 and failures[0].startswith("ben: nbgrader generate_feedback failed: conversion failed")
+    assert [c[-1] for c in course.calls[1:]] == ["--force"] * 3 and [c[3] for c in course.calls[1:]] == ["ann", "ben", "cat"]
+
+
+def test_feedback_for_a_name_nbgrader_would_read_as_a_pattern_runs_per_student(tmp_path):
+    course = FeedbackCourse(tmp_path / "course")
+    _autograded(course, "ann", "b*", "cat")
+    assert pipeline._generate_feedback(course, LAB, ["ann", "cat"]) == []
+    assert course.calls == [("generate_feedback", LAB, "--student", s, "--force") for s in ("ann", "cat")]
+    assert not course.feedback_dir("b*", LAB).exists()
