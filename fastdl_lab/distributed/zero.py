@@ -221,6 +221,29 @@ def _check_grads(result, params: list[torch.Tensor], steps: int, name: str) -> N
             raise checks.MismatchError(f"{name}: the recorded gradients do not match the model's parameters")
 
 
+def check_states(results: list, expected_state: dict, start: dict, label: str, opt_name: str,
+                 steps: int | None = None) -> None:
+    """Every rank's returned ``state`` equals ``expected_state`` (the unsharded optimizer's) bit for
+    bit; a tensor still at ``start`` is named as an update that was never broadcast."""
+    during = f" in {steps} steps" if steps else ""
+    after = f" after {steps} steps" if steps else ""
+    for rank, result in enumerate(results):
+        state = result.get("state", {}) if isinstance(result, dict) else {}
+        for key, expected in expected_state.items():
+            got = state.get(key) if isinstance(state, dict) else None
+            if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+                raise checks.MismatchError(f"{label}: rank {rank} returned no {key} of the model's shape")
+            if torch.equal(got, expected):
+                continue
+            if torch.equal(got, start[key]):
+                raise checks.MismatchError(f"{label}: rank {rank}'s {key} never changed{during}: its owner's update "
+                                           "must be broadcast to every rank")
+            worst = (got.double() - expected.double()).abs().max().item()
+            raise checks.MismatchError(f"{label}: rank {rank}'s {key} differs from torch.optim.{opt_name}'s by up to "
+                                       f"{worst:.3g}{after}; bit-identical expected (step whole parameters with the "
+                                       "optimizer class itself)")
+
+
 def check_zero(results: list[dict], model_fn: Callable[[], nn.Module], opt_name: str, defaults: dict,
                steps: int, name: str = "Zero1") -> None:
     """Every rank's weights are bit for bit the unsharded optimizer's on rank 0's gradients, each
@@ -234,21 +257,7 @@ def check_zero(results: list[dict], model_fn: Callable[[], nn.Module], opt_name:
     _check_grads(results[0], params, steps, name)
     reference = replay_reference(model_fn, results[0]["grads"], opt_class, defaults)
     label = f"{name} ({opt_name} {', '.join(f'{k}={v}' for k, v in defaults.items())})"
-    for rank, result in enumerate(results):
-        state = result.get("state", {}) if isinstance(result, dict) else {}
-        for key, expected in reference["state"].items():
-            got = state.get(key)
-            if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
-                raise checks.MismatchError(f"{label}: rank {rank} returned no {key} of the model's shape")
-            if torch.equal(got, expected):
-                continue
-            if torch.equal(got, start[key]):
-                raise checks.MismatchError(f"{label}: rank {rank}'s {key} never changed in {steps} steps: its "
-                                           "owner's update must be broadcast to every rank")
-            worst = (got.double() - expected.double()).abs().max().item()
-            raise checks.MismatchError(f"{label}: rank {rank}'s {key} differs from torch.optim.{opt_name}'s by up to "
-                                       f"{worst:.3g} after {steps} steps; bit-identical expected (step whole "
-                                       "parameters with the optimizer class itself)")
+    check_states(results, reference["state"], start, label, opt_name, steps)
     holders: list[list[int]] = [[] for _ in params]
     for rank, result in enumerate(results):
         for i in result.get("owned", []):

@@ -307,20 +307,7 @@ def _zero_values(per_rank: list, j: int, case: dict, opt_name: str, defaults: di
     zero._check_grads(results[0], params, case["steps"], name)
     reference = zero.replay_reference(_zero_model_fn(case), results[0]["grads"], zero.optimizer_class(opt_name),
                                       defaults)
-    for rank, result in enumerate(results):
-        for key, expected in reference["state"].items():
-            got = result["state"].get(key)
-            if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
-                raise checks.MismatchError(f"{name}: rank {rank} returned no {key} of the model's shape")
-            if torch.equal(got, expected):
-                continue
-            if torch.equal(got, start[key]):
-                raise checks.MismatchError(f"{name}: rank {rank}'s {key} never changed: its owner's update must be "
-                                           "broadcast to every rank")
-            worst = (got.double() - expected.double()).abs().max().item()
-            raise checks.MismatchError(f"{name}: rank {rank}'s {key} differs from torch.optim.{opt_name}'s by up to "
-                                       f"{worst:.3g}; bit-identical expected (step whole parameters with the optimizer "
-                                       "class itself)")
+    zero.check_states(results, reference["state"], start, name, opt_name)
 
 
 def _zero_runs(inputs: dict) -> list[tuple[int, int, str, dict]]:
