@@ -14,7 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder import course as course_module
-from autograder import selfcheck, selfstudy, tables
+from autograder import hints, selfcheck, selfstudy, tables
 from autograder.course import ROOT, Course, build, lab_sources, stray_lab_files
 from autograder.engine.items import all_labs
 from autograder.strip import strip_package
@@ -185,7 +185,7 @@ def test_progress_keeps_the_best_speedup_per_profile_and_shows_gpu_items():
     assert items["fwd"]["latest"]["status"] == "failed" and items["fwd"]["ever_passed"]
     view = tables.progress_view({"02_fusion": items, "03_layernorm": None}, "h100")
     assert "best speed-up 1.70x" in view and "needs a GPU" in view and "failed (passed before)" in view
-    assert "03_layernorm" in view and "not checked yet: python -m autograder check 03" in view
+    assert "03_layernorm" in view and f"not checked yet: {hints.check('03')}" in view
     assert all(len(line) <= tables.WIDTH for line in view.splitlines())
 
 
