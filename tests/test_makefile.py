@@ -1,5 +1,5 @@
-"""What the Makefile's variables do to what it runs: UNSAFE=1 for a self-check without the sandbox,
-TORCH_INDEX for the install, and a clear stop where the environment cannot be installed (macOS)."""
+"""What the Makefile runs: UNSAFE=1 for a self-check without the sandbox, TORCH_INDEX for the install,
+a clear stop where the environment cannot be installed (macOS), and installs that say what they do."""
 
 from __future__ import annotations
 
@@ -74,3 +74,18 @@ def test_on_macos_the_install_stops_before_a_venv_is_made(tmp_path):
     assert "macOS" in done.stdout and "WSL2" in done.stdout, done.stdout
     assert not venv.exists()
 
+
+def test_the_first_install_says_what_it_installs_and_lets_pip_show_its_progress():
+    recipe = dry_run("-W", "pyproject.toml", STAMP).stdout.replace("\\\n", " ").splitlines()
+    pip = next(i for i, line in enumerate(recipe) if "pip install" in line)
+    said = " ".join(recipe[:pip])
+    assert "installing the course's Python packages" in said and "GB" in said and "minutes" in said
+    assert "--quiet" not in recipe[pip].split() and "-q" not in recipe[pip].split()
+
+
+@pytest.mark.parametrize("target, package", [("sandbox-tool", "bubblewrap"), ("browser-tool", "chromium")])
+def test_an_apt_install_says_what_it_installs_and_shows_apt_at_work(target, package):
+    recipe = dry_run(target).stdout
+    assert f"installing {package} with apt-get" in recipe
+    install = next(line for line in recipe.split(";") if f"apt-get install -y -q {package}" in line)
+    assert ">/dev/null" not in install and "-qq" not in install
