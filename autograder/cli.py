@@ -249,7 +249,8 @@ def cmd_workspace(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    # Usage and errors name the interpreter by its path, as the commands the CLI prints do.
+    p = argparse.ArgumentParser(prog=hints.autograder("").rstrip(), description=__doc__)
     p.add_argument("--course", help="course folder (default: build/course, or FASTDL_COURSE_DIR)")
     p.add_argument("--db-url", help="the gradebook's database URL, e.g. postgresql://USER@HOST/DB "
                                     f"(default: {gradebook.URL_VAR}, else gradebook.db in the course folder)")

@@ -151,3 +151,22 @@ def test_the_regrade_command_reaches_the_same_course(tmp_path, capsys, monkeypat
     cli._print_seed(f"{cli._course_option(args)}autograde 01_gemm", 42, {"name": "cpu"})
     again = _runs(capsys.readouterr().out.strip().splitlines()[-1].strip(), ROOT)
     assert (again.course, again.lab, again.seed, again.profile) == (str(tmp_path / "c"), "01_gemm", 42, "cpu")
+
+
+def test_usage_and_the_driver_hint_name_this_interpreter(monkeypatch):
+    from autograder import gradebook
+
+    monkeypatch.chdir(ROOT)
+    usage = cli.parser().format_usage().removeprefix("usage: ")
+    assert _runs(usage[:usage.index(" [")] + " progress", ROOT).command == "progress"
+
+    def no_driver(*args, **kwargs):
+        raise ImportError("No module named 'psycopg2'", name="psycopg2")
+
+    monkeypatch.setattr(gradebook.sa, "create_engine", no_driver)
+    with pytest.raises(gradebook.GradebookUnavailable) as missing:
+        gradebook.check("postgresql://grader@db.invalid/course")
+    command = str(missing.value).split("(", 1)[1].split(")", 1)[0]
+    argv = shlex.split(command)
+    assert os.path.abspath(argv[0]) == os.path.abspath(sys.executable)
+    assert argv[1:] == ["-m", "pip", "install", "psycopg2-binary"]
