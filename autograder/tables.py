@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from autograder import pipeline
+from autograder.engine.grade import UNISOLATED
 from autograder.hints import check as check_command
 from autograder.progress import shown
 
@@ -93,6 +94,8 @@ def progress_view(labs: dict[str, dict[str, dict] | None], profile: str) -> str:
             else:
                 state = latest["status"] + ("" if latest["status"] == "passed" or not e["ever_passed"]
                                             else " (passed before)")
+            if str(latest.get("reason", "")).startswith(UNISOLATED):
+                state += ", UNSAFE check"  # the latest check ran without the sandbox (make grade UNSAFE=1)
             speed = f"best speed-up {e['best_speedup']:.2f}x" if e["best_speedup"] is not None else ""
             lines.append(f"  {fit(name, 24):<24} {score_text(latest['score'])}/{score_text(latest['max_score']):<6} "
                          f"{state:<28} {speed}".rstrip())

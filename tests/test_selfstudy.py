@@ -189,6 +189,19 @@ def test_progress_keeps_the_best_speedup_per_profile_and_shows_gpu_items():
     assert all(len(line) <= tables.WIDTH for line in view.splitlines())
 
 
+def test_progress_says_which_items_were_last_checked_without_the_sandbox():
+    from autograder.engine.grade import UNISOLATED
+
+    def record(reason):
+        return {"profile": "cpu", "items": [{"item": "fwd", "score": 3.0, "max_score": 3.0, "status": "passed",
+                                             "reason": reason, "counted": True, "details": {}}]}
+
+    unsafe_last = selfcheck.item_progress([record("correct"), record(UNISOLATED + "correct")], "cpu")
+    safe_last = selfcheck.item_progress([record(UNISOLATED + "correct"), record("correct")], "cpu")
+    assert "passed, UNSAFE check" in tables.progress_view({"03_layernorm": unsafe_last}, "cpu")
+    assert "UNSAFE" not in tables.progress_view({"03_layernorm": safe_last}, "cpu")
+
+
 REAL_CHECK_FIXTURE = ROOT / "tests" / "adversarial" / "00_measure-forges-self-progress.py"
 
 
