@@ -34,8 +34,9 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' || \
 	  { echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the course needs 3.11 to 3.13 (say PYTHON=...)"; exit 1; }
-	@[ "$$(uname -s)" != Darwin ] || { echo "macOS: Triton, which runs every lab's kernels, publishes no macOS wheel, so" \
-	  "the course cannot be installed here. Use Linux, WSL2 on Windows, or a Linux virtual machine (README: Platforms)."; exit 1; }
+	@[ "$$(uname -s)" != Darwin ] || { echo "macOS: Triton, which runs every lab's kernels, publishes no macOS wheel," \
+	  "so the course cannot be installed here. Use Linux, WSL2 on Windows, or a Linux virtual machine" \
+	  "(README: Platforms)."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing the course's Python packages into $(VENV) (torch, Triton, JupyterLab, nbgrader and the rest):" \
 	  "2.8 GB, about 4 minutes the first time on 2 cores; pip lists each package as it goes"
@@ -57,8 +58,10 @@ define apt-tool
 endef
 
 # The grader runs student code only inside bubblewrap (autograder/engine/bwrap.py).
+WITHOUT_SANDBOX := Until then grading refuses to run student code; make grade LAB=NN UNSAFE=1 checks your own \
+  notebook without it.
 sandbox-tool:
-	$(call apt-tool,bwrap,bubblewrap,the grader's sandbox,Until then grading refuses to run student code; make grade LAB=NN UNSAFE=1 checks your own notebook without it.)
+	$(call apt-tool,bwrap,bubblewrap,the grader's sandbox,$(WITHOUT_SANDBOX))
 
 # The browser tests drive Debian's Chromium with Playwright's Python package (executable_path,
 # over the DevTools protocol, so no chromedriver): the browser comes from apt, never Playwright's own.

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_make(*args: str, cwd: Path | str = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``make ARGS`` in ``cwd``. A make that started this test (make test) passes its flags down
     through the environment; they are left out here."""
-    env = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     return subprocess.run(["make", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
