@@ -76,9 +76,8 @@ def test_a_self_check_names_the_command_that_shows_progress(typed_in):
 
 
 def test_a_check_without_a_working_copy_names_the_command_that_makes_one(typed_in, capsys, monkeypatch):
-    work = ROOT / "work"
-    if typed_in == ROOT and (work / "07_distributed.ipynb").exists():
-        pytest.skip("this checkout has a working copy of lab 07")
+    if (ROOT / "work" / "07_distributed.ipynb").exists():
+        pytest.skip("this checkout has a working copy of lab 07: the check would grade it")
     monkeypatch.setenv("PATH", os.environ["PATH"])  # the CLI puts its bin first
     assert cli.main(["check", "07"]) == 2
     err = capsys.readouterr().err
