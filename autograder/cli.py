@@ -323,7 +323,10 @@ def _unsafe_hint(args, argv: list[str]) -> str:
     is sent to ``make grade LAB=NN UNSAFE=1``; anything else is this command line with the flag."""
     if args.command == "check" and not (args.notebook or args.profile or args.course or args.db_url):
         return hints.check(args.lab, unsafe=True)
-    return hints.autograder(shlex.join([*argv, "--unsafe-no-isolation"]))
+    # A gradebook's password typed on the command line is not printed back (the URL shows ***).
+    shown_argv = [gradebook.masked(word) if args.db_url and word in (args.db_url, f"--db-url={args.db_url}")
+                  else word for word in argv]
+    return hints.autograder(shlex.join([*shown_argv, "--unsafe-no-isolation"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,6 +52,11 @@ def _record(reason_prefix: str = "") -> dict:
                  "reason": reason_prefix + "needs a GPU", "counted": False}]}
 
 
+def _no_sandbox(*args, **kwargs):
+    """A machine where bubblewrap is missing, as ``bwrap.check`` reports it."""
+    raise IsolationUnavailable("bubblewrap (bwrap) is not installed")
+
+
 @pytest.fixture(params=["repository", "elsewhere"])
 def typed_in(request, tmp_path, monkeypatch):
     """Where the learner types the printed command: the repository, or any other folder."""
@@ -99,13 +104,10 @@ def test_with_a_working_folder_of_their_own_the_hints_call_this_interpreter(tmp_
 
 @pytest.mark.parametrize("argv, make_form", [(["check", "01"], True), (["check", "gemm", "--profile", "cpu"], False)])
 def test_a_check_that_cannot_be_isolated_names_the_unsafe_command(argv, make_form, capsys, monkeypatch):
-    def no_sandbox(*args, **kwargs):
-        raise IsolationUnavailable("bubblewrap (bwrap) is not installed")
-
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv(selfstudy.WORK_VAR, raising=False)
     monkeypatch.setenv("PATH", os.environ["PATH"])  # the CLI puts its bin first
-    monkeypatch.setattr(selfcheck, "check", no_sandbox)
+    monkeypatch.setattr(selfcheck, "check", _no_sandbox)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "--unsafe-no-isolation to grade anyway" not in err
@@ -119,18 +121,27 @@ def test_a_check_that_cannot_be_isolated_names_the_unsafe_command(argv, make_for
 def test_an_instructors_command_that_cannot_be_isolated_is_named_whole(tmp_path, capsys, monkeypatch):
     from autograder import batch
 
-    def no_sandbox():
-        raise IsolationUnavailable("bubblewrap (bwrap) is not installed")
-
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("PATH", os.environ["PATH"])
-    monkeypatch.setattr(batch.bwrap, "check", no_sandbox)
+    monkeypatch.setattr(batch.bwrap, "check", _no_sandbox)
     course = str(tmp_path / "course")
     assert cli.main(["--course", course, "autograde", "01_gemm", "--student", "alice", "--engine-only"]) == 2
     command = capsys.readouterr().err.strip().splitlines()[-1].strip()
     args = _runs(command, ROOT)
     assert (args.course, args.command, args.lab, args.student, args.engine_only, args.unsafe_no_isolation) == \
         (course, "autograde", "01_gemm", ["alice"], True, True)
+
+
+def test_the_unsafe_command_does_not_print_a_gradebook_password_back(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.setattr(selfcheck, "check", _no_sandbox)
+    url = "postgresql://grader:s3cret@db.invalid/course"
+    assert cli.main(["--db-url", url, "check", "01"]) == 2
+    command = capsys.readouterr().err.strip().splitlines()[-1].strip()
+    assert "s3cret" not in command
+    args = _runs(command, ROOT)
+    assert args.db_url == "postgresql://grader:***@db.invalid/course" and args.unsafe_no_isolation
 
 
 def test_an_unisolated_self_check_says_unsafe_on_every_line():
