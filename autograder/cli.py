@@ -9,11 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import batch, gradebook, journal, pipeline, profiles, tables
+from autograder import batch, gradebook, hints, journal, pipeline, profiles, tables
 from autograder.course import ROOT, Course, build, tool_env
 from autograder.engine.items import all_labs, load_lab
 from autograder.progress import Progress, shown, summary_lines
 from fastdl_lab import device
+
+
+# The first word of every line a self-check prints when it ran without the sandbox.
+UNSAFE_MARK = "UNSAFE  "
 
 
 def _course(args) -> Course:
@@ -33,18 +37,30 @@ def _seed(args) -> int:
     return args.seed if args.seed is not None else fresh_seed()
 
 
+def _failure_lines(failures: list[str], width: int = tables.WIDTH) -> list[str]:
+    lines = []
+    if failures:
+        lines.append(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
+        for f in failures:
+            first, *rest = tables.wrapped(f, lines=3, indent="    ", note="(in the records)", width=width) or ["    "]
+            lines += ["  - " + first.lstrip(), *rest]
+    return lines
+
+
 def _print_failures(failures: list[str]) -> None:
     if failures:
-        print(f"\n{len(failures)} problem(s) outside the grades (the grades above stand):")
-        for f in failures:
-            first, *rest = tables.wrapped(f, lines=3, indent="    ", note="(in the records)") or ["    "]
-            print("\n".join(["  - " + first.lstrip(), *rest]))
+        print("\n".join(_failure_lines(failures)))
+
+
+def _course_option(args) -> str:
+    """``--course DIR `` where the command was given one: a printed command must reach the same course."""
+    return f"--course {shlex.quote(str(Path(args.course).resolve()))} " if args.course else ""
 
 
 def _print_seed(command: str, seed: int, profile: dict) -> None:
     """The run's seed with the command that regrades it with the same hidden inputs."""
-    print(f"\nseed {seed} on the {profile['name']} profile; regrade identically with:\n"
-          f"  python -m autograder {command} --seed {seed} --profile {profile['name']}")
+    again = hints.autograder(f"{command} --seed {seed} --profile {profile['name']}")
+    print(f"\nseed {seed} on the {profile['name']} profile; regrade identically with:\n  {again}")
 
 
 def cmd_build(args) -> int:
@@ -98,7 +114,7 @@ def cmd_autograde(args) -> int:
     print(tables.grade_table(rows))
     print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(summary.failures)
-    _print_seed(f"autograde {lab.name}", seed, profile)
+    _print_seed(f"{_course_option(args)}autograde {lab.name}", seed, profile)
     return 0
 
 
@@ -167,11 +183,33 @@ def cmd_demo(args) -> int:
     print(tables.grade_table(pipeline.report_rows(course)))
     print("\n".join(summary_lines(list(summary.graded.values()))))
     _print_failures(failures)
-    where = f"--course {shlex.quote(str(course.root))} " if args.course else ""
-    _print_seed(f"{where}demo {' '.join(lab.name for lab in sorted(labs, key=lambda lab: lab.name))}", seed, profile)
+    names = " ".join(lab.name for lab in sorted(labs, key=lambda lab: lab.name))
+    _print_seed(f"{_course_option(args)}demo {names}", seed, profile)
     print(f"\nreport: {csv_path}\nrecords: {record_path}\nfeedback: {course.root / 'feedback'}")
     print(f"demo took {time.monotonic() - started:.0f} s")
     return 0
+
+
+def check_text(record: dict, lab: str, profile: str, *, isolated: bool = True) -> str:
+    """What a self-check prints. Checked without the sandbox, every line begins with ``UNSAFE``
+    (the reasons' own UNSAFE prefix then goes: the line already says it)."""
+    from autograder import selfcheck
+    from autograder.engine.grade import UNISOLATED
+
+    if isolated:
+        head = [f"{lab} on the {profile} profile, graded by the course's grader (sandboxed, fresh hidden inputs)"]
+        items, width = record["items"], tables.WIDTH
+    else:
+        head = [f"{lab} on the {profile} profile, checked WITHOUT the sandbox",
+                "your code ran unconfined, as you: check only your own notebook this way"]
+        items = [{**i, "reason": i["reason"].removeprefix(UNISOLATED)} for i in record["items"]]
+        width = tables.WIDTH - len(UNSAFE_MARK)
+    lines = [*head, f"notebook: {shown(record['notebook'])}", "a self-check is feedback, not a grade", "",
+             tables.check_report({**record, "items": items}, selfcheck.HINTS, width=width),
+             *_failure_lines(record.get("failures", []), width),
+             f"\nkept in {selfcheck.progress_file(lab)}", f"all labs: {hints.progress()}"]
+    text = "\n".join(lines)
+    return text if isolated else "\n".join((UNSAFE_MARK + line).rstrip() for line in text.splitlines())
 
 
 def cmd_check(args) -> int:
@@ -185,11 +223,7 @@ def cmd_check(args) -> int:
     except selfcheck.CheckError as exc:
         print(f"cannot check: {exc}", file=sys.stderr)
         return 2
-    print(f"{lab.name} on the {profile['name']} profile, graded by the course's grader (sandboxed, fresh hidden "
-          f"inputs)\nnotebook: {shown(record['notebook'])}\na self-check is feedback, not a grade\n")
-    print(tables.check_report(record, selfcheck.HINTS))
-    _print_failures(record.get("failures", []))
-    print(f"\nkept in {selfcheck.progress_file(lab.name)}\nall labs: python -m autograder progress")
+    print(check_text(record, lab.name, profile["name"], isolated=not args.unsafe_no_isolation))
     return 0
 
 
@@ -215,7 +249,8 @@ def cmd_workspace(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    # Usage and errors name the interpreter by its path, as the commands the CLI prints do.
+    p = argparse.ArgumentParser(prog=hints.autograder("").rstrip(), description=__doc__)
     p.add_argument("--course", help="course folder (default: build/course, or FASTDL_COURSE_DIR)")
     p.add_argument("--db-url", help="the gradebook's database URL, e.g. postgresql://USER@HOST/DB "
                                     f"(default: {gradebook.URL_VAR}, else gradebook.db in the course folder)")
@@ -266,7 +301,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("lab", help="a lab's number, topic or full name: 02, fusion, 02_fusion")
     s.add_argument("--notebook", metavar="PATH", help="the notebook to check (default: the working copy)")
     s.add_argument("--profile", choices=profiles.available(), help="hardware profile (default: this machine's)")
-    s.add_argument("--unsafe-no-isolation", action="store_true", help="check without the sandbox (your own code)")
+    s.add_argument("--unsafe-no-isolation", action="store_true", help="check without the sandbox, every line "
+                   "printed marked UNSAFE: your own notebook only (make grade LAB=NN UNSAFE=1)")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("progress", help="self-study: which items pass in each lab, best speed-ups on this profile")
@@ -282,10 +318,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unsafe_hint(args, argv: list[str]) -> str:
+    """The command that runs this one again without the sandbox. A learner's plain check of a lab
+    is sent to ``make grade LAB=NN UNSAFE=1``; anything else is this command line with the flag."""
+    if args.command == "check" and not (args.notebook or args.profile or args.course or args.db_url):
+        return hints.check(args.lab, unsafe=True)
+    # A gradebook's password typed on the command line is not printed back (the URL shows ***).
+    shown_argv = [gradebook.masked(word) if args.db_url and word in (args.db_url, f"--db-url={args.db_url}")
+                  else word for word in argv]
+    return hints.autograder(shlex.join([*shown_argv, "--unsafe-no-isolation"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     from autograder.engine.bwrap import IsolationUnavailable
     from autograder.engine.toolchain import ToolMissing
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     # nbgrader and its tools are run by name (alembic): this interpreter's bin first, whether or
     # not the venv was activated.
@@ -296,9 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped before any work: {exc}", file=sys.stderr)
         return 2
     except IsolationUnavailable as exc:
-        print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n"
-              "Install bubblewrap (apt-get install bubblewrap; `make demo` does it), or pass "
-              "--unsafe-no-isolation to grade anyway with every row marked unsafe.", file=sys.stderr)
+        install = "Install bubblewrap (sudo apt-get install bubblewrap; the Makefile does it where it runs as root)"
+        if args.command == "check":
+            print(f"cannot check: your code cannot be isolated on this machine: {exc}.\n{install},\nor check "
+                  f"your own notebook without the sandbox, every line of the result marked UNSAFE:\n"
+                  f"  {_unsafe_hint(args, argv)}", file=sys.stderr)
+        else:
+            print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n{install},\nor grade "
+                  f"code you trust without the sandbox, every row marked unsafe:\n  {_unsafe_hint(args, argv)}",
+                  file=sys.stderr)
         return 2
     except device.InterpreterBroken as exc:
         print(f"cannot grade on a CPU profile: {exc}", file=sys.stderr)
@@ -308,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         # Every submission written so far is in the run journal (autograder/journal.py).
-        print("\ninterrupted: what was graded is kept; `autograde LAB --resume` grades the rest", file=sys.stderr)
+        rest = ""
+        if args.command == "autograde":
+            again = hints.autograder(f"{_course_option(args)}autograde {shlex.quote(args.lab)} --resume")
+            rest = f"; {again} grades the rest"
+        print(f"\ninterrupted: what was graded is kept{rest}", file=sys.stderr)
         return 130
 
 

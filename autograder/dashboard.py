@@ -24,13 +24,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from autograder import profiles, records as grading_records
+from autograder import hints, profiles, records as grading_records
 
 LEFT_OUT = "needs_gpu"  # not graded on this profile: shown, never counted
 TOP_REASONS = 5
 SLOWEST = 5
 NO_GPU_SPEED = "no speed items graded on a GPU profile"
-EMPTY = "No grading records yet: grade a lab (python -m autograder autograde LAB), then write the dashboard again."
+EMPTY = "No grading records yet: grade a lab, then write the dashboard again."
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 _STYLE = """
@@ -295,7 +295,8 @@ def render(all_records: list[dict]) -> str:
     head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
             f"<style>{_STYLE}</style></head><body><h1>{title}</h1>")
     if not all_records:
-        return f'{head}<p class="note">{_h(EMPTY)}</p></body></html>\n'
+        how = f"{EMPTY} Lab 01, for one: {hints.autograder('autograde 01_gemm')}"
+        return f'{head}<p class="note">{_h(how)}</p></body></html>\n'
     by_lab: dict[str, list[dict]] = defaultdict(list)
     for record in all_records:
         by_lab[str(record["lab"])].append(record)

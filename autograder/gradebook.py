@@ -90,7 +90,9 @@ def check(url: str) -> None:
     try:
         engine = sa.create_engine(parsed, connect_args=connect_args)
     except (ImportError, NoSuchModuleError) as exc:
-        hint = " (pip install psycopg2-binary)" if getattr(exc, "name", None) == "psycopg2" else ""
+        from autograder.hints import python  # here: hints imports the course, which imports this module
+
+        hint = f" ({python()} -m pip install psycopg2-binary)" if getattr(exc, "name", None) == "psycopg2" else ""
         raise GradebookUnavailable(
             f"cannot open the gradebook at {masked(url)}: its database driver is missing{hint}: {exc}") from None
     try:

@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from autograder import batch, notebook, profiles
+from autograder import batch, hints, notebook, profiles
 from autograder.course import Course, copy_build, lab_sources
 from autograder.engine.items import LabSpec
 from autograder.selfstudy import ensure_built, work_dir, working_copy
@@ -60,7 +60,8 @@ def check(lab: LabSpec, notebook_path: Path | None = None, *, course: Course | N
     course = course or Course.default()
     path = Path(notebook_path or working_copy(lab.name, work)).expanduser().resolve()
     if not path.is_file():
-        raise CheckError(f"no notebook at {path}: `make lab` makes the working copies, or pass --notebook PATH")
+        raise CheckError(f"no notebook at {path}: `{hints.workspace()}` makes the working copies, "
+                         "or pass --notebook PATH")
     try:
         nb = notebook.read_notebook(path)
     except notebook.NotebookError as exc:

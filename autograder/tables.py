@@ -9,6 +9,8 @@ from __future__ import annotations
 import textwrap
 
 from autograder import pipeline
+from autograder.engine.grade import UNISOLATED
+from autograder.hints import check as check_command
 from autograder.progress import shown
 
 WIDTH = 100
@@ -26,12 +28,13 @@ def fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def wrapped(text: str, *, lines: int = REASON_LINES, indent: str = INDENT, note: str = "") -> list[str]:
-    """``text`` wrapped to WIDTH under a row; past ``lines`` lines it is cut and ``note`` says where the rest is."""
-    out = textwrap.wrap(shown(text), WIDTH - len(indent), break_long_words=True) or []
+def wrapped(text: str, *, lines: int = REASON_LINES, indent: str = INDENT, note: str = "",
+            width: int = WIDTH) -> list[str]:
+    """``text`` wrapped to ``width`` under a row; past ``lines`` lines it is cut and ``note`` says where the rest is."""
+    out = textwrap.wrap(shown(text), width - len(indent), break_long_words=True) or []
     if len(out) > lines:
         out = out[:lines]
-        out[-1] = fit(out[-1], WIDTH - len(indent) - len(note) - 1) + (f" {note}" if note else "")
+        out[-1] = fit(out[-1], width - len(indent) - len(note) - 1) + (f" {note}" if note else "")
     return [indent + line for line in out]
 
 
@@ -56,16 +59,16 @@ def grade_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def check_report(record: dict, hints: dict[str, str]) -> str:
-    """A self-check: one line per item with its verdict, the reason and a hint beneath."""
+def check_report(record: dict, hints: dict[str, str], *, width: int = WIDTH) -> str:
+    """A self-check: one line per item with its verdict, the reason and a hint beneath, within ``width`` columns."""
     lines = [f"{'item':<24} {'score':>9}  status"]
     for item in record["items"]:
         score = f"{score_text(item['score'])}/{score_text(item['max_score'])}"
         lines.append(f"{fit(item['item'], 24):<24} {score:>9}  {fit(item['status'], 14)}")
         if item["status"] != "passed" or item["reason"] not in ("", "correct"):
-            lines += wrapped(item["reason"], lines=3)
+            lines += wrapped(item["reason"], lines=3, width=width)
         if item["status"] != "passed" and item["status"] in hints:
-            lines += wrapped("hint: " + hints[item["status"]], lines=2)
+            lines += wrapped("hint: " + hints[item["status"]], lines=2, width=width)
     counted = [i for i in record["items"] if i.get("counted", True)]
     left_out = sum(i["max_score"] for i in record["items"] if not i.get("counted", True))
     total = f"total {score_text(sum(i['score'] for i in counted))}/{score_text(sum(i['max_score'] for i in counted))}"
@@ -79,7 +82,7 @@ def progress_view(labs: dict[str, dict[str, dict] | None], profile: str) -> str:
     lines = [f"progress on the {profile} profile (self-checks, not grades)", ""]
     for lab, items in labs.items():
         if not items:
-            lines.append(f"{lab:<20} not checked yet: python -m autograder check {lab.split('_')[0]}")
+            lines.append(f"{lab:<20} not checked yet: {check_command(lab.split('_')[0])}")
             continue
         passing = sum(1 for e in items.values() if e["latest"]["status"] == "passed")
         gradable = sum(1 for e in items.values() if e["latest"]["status"] != "needs_gpu")
@@ -91,6 +94,8 @@ def progress_view(labs: dict[str, dict[str, dict] | None], profile: str) -> str:
             else:
                 state = latest["status"] + ("" if latest["status"] == "passed" or not e["ever_passed"]
                                             else " (passed before)")
+            if str(latest.get("reason", "")).startswith(UNISOLATED):
+                state += ", UNSAFE check"  # the latest check ran without the sandbox (make grade UNSAFE=1)
             speed = f"best speed-up {e['best_speedup']:.2f}x" if e["best_speedup"] is not None else ""
             lines.append(f"  {fit(name, 24):<24} {score_text(latest['score'])}/{score_text(latest['max_score']):<6} "
                          f"{state:<28} {speed}".rstrip())

@@ -14,7 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from autograder import course as course_module
-from autograder import selfcheck, selfstudy, tables
+from autograder import hints, selfcheck, selfstudy, tables
 from autograder.course import ROOT, Course, build, lab_sources, stray_lab_files
 from autograder.engine.items import all_labs
 from autograder.strip import strip_package
@@ -185,8 +185,21 @@ def test_progress_keeps_the_best_speedup_per_profile_and_shows_gpu_items():
     assert items["fwd"]["latest"]["status"] == "failed" and items["fwd"]["ever_passed"]
     view = tables.progress_view({"02_fusion": items, "03_layernorm": None}, "h100")
     assert "best speed-up 1.70x" in view and "needs a GPU" in view and "failed (passed before)" in view
-    assert "03_layernorm" in view and "not checked yet: python -m autograder check 03" in view
+    assert "03_layernorm" in view and f"not checked yet: {hints.check('03')}" in view
     assert all(len(line) <= tables.WIDTH for line in view.splitlines())
+
+
+def test_progress_says_which_items_were_last_checked_without_the_sandbox():
+    from autograder.engine.grade import UNISOLATED
+
+    def record(reason):
+        return {"profile": "cpu", "items": [{"item": "fwd", "score": 3.0, "max_score": 3.0, "status": "passed",
+                                             "reason": reason, "counted": True, "details": {}}]}
+
+    unsafe_last = selfcheck.item_progress([record("correct"), record(UNISOLATED + "correct")], "cpu")
+    safe_last = selfcheck.item_progress([record(UNISOLATED + "correct"), record("correct")], "cpu")
+    assert "passed, UNSAFE check" in tables.progress_view({"03_layernorm": unsafe_last}, "cpu")
+    assert "UNSAFE" not in tables.progress_view({"03_layernorm": safe_last}, "cpu")
 
 
 REAL_CHECK_FIXTURE = ROOT / "tests" / "adversarial" / "00_measure-forges-self-progress.py"

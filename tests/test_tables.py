@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shlex
+import sys
 
 from autograder import cli, pipeline, records, tables
 from autograder.course import Course
@@ -62,6 +63,7 @@ def test_the_printed_regrade_command_parses_with_the_seed(capsys):
     cli._print_seed("autograde 01_gemm", 123456789, {"name": "cpu"})
     command = capsys.readouterr().out.strip().splitlines()[-1]
     argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "autograder"]
+    # This interpreter by its path: a bare `python` is not the venv's where the venv is not activated.
+    assert os.path.abspath(argv[0]) == os.path.abspath(sys.executable) and argv[1:3] == ["-m", "autograder"]
     args = cli.parser().parse_args(argv[3:])
     assert (args.command, args.lab, args.seed, args.profile) == ("autograde", "01_gemm", 123456789, "cpu")
