@@ -102,15 +102,25 @@ def cmd_autograde(args) -> int:
     return 0
 
 
+def _course_options(args) -> list[str]:
+    """The options that point a printed command at the same course and gradebook (a password masked)."""
+    options = ["--course", args.course] if args.course else []
+    return options + (["--db-url", gradebook.masked(args.db_url)] if args.db_url else [])
+
+
 def cmd_feedback(args) -> int:
     course = _checked(_course(args))
     lab = load_lab(args.lab)
     made = Progress(len(args.student or course.students(lab.name)), desc="feedback")
     try:
-        failures = pipeline.feedback(course, lab, args.student or None,
-                                     progress=lambda done, total, text: made.line(done, total, shown(text)))
-    finally:
-        made.close()
+        try:
+            failures = pipeline.feedback(course, lab, args.student or None,
+                                         progress=lambda done, total, text: made.line(done, total, shown(text)))
+        finally:
+            made.close()
+    except gradebook.MaximumMismatch as exc:
+        print(f"no feedback written for {lab.name}: {exc.text(_course_options(args))}", file=sys.stderr)
+        return 2
     print(f"feedback for {lab.name} in {course.root / 'feedback'}")
     _print_failures(failures)
     return 0
@@ -294,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except gradebook.GradebookUnavailable as exc:
         print(f"stopped before any work: {exc}", file=sys.stderr)
+        return 2
+    except gradebook.MaximumMismatch as exc:
+        print(f"stopped: {exc.text(_course_options(args))}", file=sys.stderr)
         return 2
     except IsolationUnavailable as exc:
         print(f"cannot grade: student code cannot be isolated on this machine: {exc}.\n"

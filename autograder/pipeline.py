@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from autograder import batch, notebook, records
+from autograder import batch, gradebook, notebook, records
 from autograder.course import Course
 from autograder.engine.items import LabSpec
 
@@ -51,9 +51,14 @@ def lab_summary(lab: str, done: batch.BatchSummary) -> LabSummary:
 
 def feedback(course: Course, lab: LabSpec, students: list[str] | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> list[str]:
-    """HTML feedback per student; returns the failures. ``progress(done, total, line)`` follows it."""
+    """HTML feedback per student; returns the failures. ``progress(done, total, line)`` follows it.
+
+    Raises ``gradebook.MaximumMismatch``, before anything is written, where the gradebook's maximum
+    for ``lab`` is not the one the students' grading records give: nbgrader takes the feedback's
+    total from the gradebook, and it would contradict the CLI and the report."""
     failures = []
     students = students or course.students(lab.name)
+    gradebook.check_maxima(course.db_url, lab, records.read_lab(course.records, lab.name), students)
     for done, student in enumerate(students, 1):
         if progress:
             progress(done, len(students), f"feedback {lab.name} {student}")
