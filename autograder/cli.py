@@ -264,7 +264,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="export grades (CSV) and/or an instructor's dashboard (HTML)")
     s.add_argument("--csv", metavar="FILE", nargs="?", const=True,
-                   help="one row per student, lab and item: student, lab, item, score, max_score, status, reason "
+                   help="one row per student, lab and item: student, lab, item, score, max_score, counted, status, "
+                        "reason; then a row per student and lab with the total of the counted rows (status total) "
                         "(records beside it; default FILE: report.csv beside the course folder, build/ by default)")
     s.add_argument("--html", metavar="FILE", nargs="?", const=True,
                    help="one offline page: score distributions, totals, common failure reasons, speed-ups per "

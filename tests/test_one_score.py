@@ -8,7 +8,8 @@ The submission is hostile: it makes every cell of its notebook end in a float, w
 alone would read as partial credit for its test cells.
 
 A lab rebuilt after grading keeps that total (nbgrader's generate_assignment alone would count the
-left-out points again), and feedback refuses a gradebook whose maximum the records do not give.
+left-out points again), feedback refuses a gradebook whose maximum the records do not give, and
+the CSV's counted rows sum to the same total.
 """
 
 import csv
@@ -190,6 +191,22 @@ def test_feedback_refuses_a_maximum_the_records_do_not_give(full_marks, monkeypa
     assert cli.main(["--course", root, "build", LAB]) == 0
     assert cli.main(["--course", root, "feedback", LAB]) == 0
     assert feedback_total(full_marks, "ann") == pytest.approx((counted, counted))
+
+
+def test_the_csvs_counted_rows_sum_to_the_total(full_marks, tmp_path):
+    lab = load_lab(LAB)
+    csv_path, _ = pipeline.write_report(full_marks, tmp_path / "report.csv")
+    with csv_path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if (r["student"], r["lab"]) == ("ann", LAB)]
+    assert [r["item"] for r in rows] == [item.name for item in lab.items] + [pipeline.TOTAL_ITEM]
+    counted = [r for r in rows if r["counted"] == "yes"]
+    assert [r["item"] for r in rows if r["counted"] == "no"] == [item.name for item in lab.items if item.is_speed]
+    summed = (sum(float(r["score"]) for r in counted), sum(float(r["max_score"]) for r in counted))
+    (total,) = [r for r in rows if r["status"] == pipeline.TOTAL_STATUS]
+    assert (float(total["score"]), float(total["max_score"])) == pytest.approx(summed)
+    assert summed == pytest.approx(cli_total(full_marks, "ann"))
+    assert summed == pytest.approx(exported_total(full_marks, "ann", tmp_path))
+    assert summed[0] == summed[1]  # full marks: every counted point
 
 
 def test_records_of_two_profiles_ask_for_a_regrade_not_a_rebuild(full_marks, tmp_path):
