@@ -56,7 +56,7 @@ class MaximumMismatch(RuntimeError):
 
     def text(self, options: list[str] | tuple[str, ...] = ()) -> str:
         """The reason and the command that fixes it, with the CLI's own ``options`` (``--course DIR``)."""
-        return f"{self.args[0]}; to fix it: python -m autograder {shlex.join([*options, *self.command])}"
+        return f"{self.args[0]}: python -m autograder {shlex.join([*options, *self.command])}"
 
     def __str__(self) -> str:
         return self.text()
@@ -334,6 +334,6 @@ def check_maxima(db_url: str, lab: LabSpec, lab_records: list[dict], students: l
         raise MaximumMismatch(f"{message}. The records themselves disagree on {', '.join(split)} (graded on the "
                               f"{' and '.join(profiles)} profiles): regrade the lab on one profile",
                               ["autograde", lab.name, "--profile", latest])
-    raise MaximumMismatch(f"{message}. A rebuild (or nbgrader's generate_assignment) set the gradebook back to "
-                          "the notebook's points; the build command restores the records' maxima without regrading",
-                          ["build", lab.name])
+    raise MaximumMismatch(f"{message}. nbgrader's generate_assignment (formgrader's Generate, nbgrader's own "
+                          "command, an older build) set the gradebook back to the notebook's points; restore the "
+                          "records' maxima (nothing is regraded)", ["build", lab.name])
