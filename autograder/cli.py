@@ -118,15 +118,25 @@ def cmd_autograde(args) -> int:
     return 0
 
 
+def _course_options(args) -> list[str]:
+    """The options that point a printed command at the same course and gradebook (a password masked)."""
+    options = ["--course", args.course] if args.course else []
+    return options + (["--db-url", gradebook.masked(args.db_url)] if args.db_url else [])
+
+
 def cmd_feedback(args) -> int:
     course = _checked(_course(args))
     lab = load_lab(args.lab)
     made = Progress(len(args.student or course.students(lab.name)), desc="feedback")
     try:
-        failures = pipeline.feedback(course, lab, args.student or None,
-                                     progress=lambda done, total, text: made.line(done, total, shown(text)))
-    finally:
-        made.close()
+        try:
+            failures = pipeline.feedback(course, lab, args.student or None,
+                                         progress=lambda done, total, text: made.line(done, total, shown(text)))
+        finally:
+            made.close()
+    except gradebook.MaximumMismatch as exc:
+        print(f"no feedback written for {lab.name}: {exc.text(_course_options(args))}", file=sys.stderr)
+        return 2
     print(f"feedback for {lab.name} in {course.root / 'feedback'}")
     _print_failures(failures)
     return 0
@@ -289,7 +299,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="export grades (CSV) and/or an instructor's dashboard (HTML)")
     s.add_argument("--csv", metavar="FILE", nargs="?", const=True,
-                   help="one row per student, lab and item: student, lab, item, score, max_score, status, reason "
+                   help="one row per student, lab and item: student, lab, item, score, max_score, counted, status, "
+                        "reason; then a row per student and lab with the total of the counted rows (status total) "
                         "(records beside it; default FILE: report.csv beside the course folder, build/ by default)")
     s.add_argument("--html", metavar="FILE", nargs="?", const=True,
                    help="one offline page: score distributions, totals, common failure reasons, speed-ups per "
@@ -342,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except gradebook.GradebookUnavailable as exc:
         print(f"stopped before any work: {exc}", file=sys.stderr)
+        return 2
+    except gradebook.MaximumMismatch as exc:
+        print(f"stopped: {exc.text(_course_options(args))}", file=sys.stderr)
         return 2
     except IsolationUnavailable as exc:
         install = "Install bubblewrap (sudo apt-get install bubblewrap; the Makefile does it where it runs as root)"

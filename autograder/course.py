@@ -20,7 +20,7 @@ import jupytext
 import nbformat
 from sqlalchemy.engine import make_url
 
-from autograder import gradebook
+from autograder import gradebook, records
 from autograder.strip import strip_package
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +229,10 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
     """Make the source notebooks, the student release and the student copy of the package.
 
     A build that fails takes back what it created (the course folder, its gradebook file, the
-    failing lab's folders), so the next build starts from a clean state, not a half-made gradebook."""
+    failing lab's folders), so the next build starts from a clean state, not a half-made gradebook.
+    A lab that has grades keeps the maxima of its grading records (``gradebook.restore_maxima``)."""
+    from autograder.engine.items import load_lab
+
     sources = lab_sources()
     unknown = sorted(set(labs or ()) - set(sources))
     if unknown:
@@ -253,6 +256,10 @@ def build(course: Course, labs: list[str] | None = None) -> list[str]:
             done = course.nbgrader("generate_assignment", lab, "--force", "--CourseDirectory.create_assignment=True")
             if done.returncode != 0:
                 raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n{done.stdout}\n{done.stderr}")
+            # nbgrader has just set every test cell back to the notebook's points; a lab with grades
+            # keeps the maxima its grading gave them (items the profile left out stay worth 0).
+            for note in gradebook.restore_maxima(course.db_url, load_lab(lab), records.read_lab(course.records, lab)):
+                print(note, file=sys.stderr)
             built.append(lab)
         strip_package(ROOT / "fastdl_lab", course.student_package / "fastdl_lab")
         compile_package(course.student_package / "fastdl_lab")

@@ -10,12 +10,18 @@ figure and no figure of nbgrader's own run of the notebook survives beside it. A
 does not grade (a speed item without a GPU) is worth nothing in the gradebook: its test cell's
 maximum is set to 0, so the gradebook's total is the engine's (6/13, not 6/15), and its comment
 says the points were left out. The reasons become comments on the item's solution cells.
+
+nbgrader's ``generate_assignment`` (run by every ``build``) writes each test cell's points from the
+notebook back into the gradebook, so ``build`` restores the maxima the lab's grading records give
+(``restore_maxima``), and ``feedback`` refuses to render a total those records do not give
+(``check_maxima``).
 """
 
 from __future__ import annotations
 
 import html
 import re
+import shlex
 import warnings
 from urllib.parse import unquote
 
@@ -38,6 +44,22 @@ _LOOSE_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
 
 class GradebookUnavailable(RuntimeError):
     """The gradebook cannot be opened; the message names the reason, never the password."""
+
+
+class MaximumMismatch(RuntimeError):
+    """The gradebook counts a lab out of another maximum than its grading records do: nbgrader's
+    feedback and export would show a total that the CLI, the CSV and the dashboard do not."""
+
+    def __init__(self, message: str, command: list[str]):
+        super().__init__(message)
+        self.command = command  # the autograder command that puts it right, without `python -m autograder`
+
+    def text(self, options: list[str] | tuple[str, ...] = ()) -> str:
+        """The reason and the command that fixes it, with the CLI's own ``options`` (``--course DIR``)."""
+        return f"{self.args[0]}: python -m autograder {shlex.join([*options, *self.command])}"
+
+    def __str__(self) -> str:
+        return self.text()
 
 
 def _parse(url: str) -> URL | None:
@@ -223,3 +245,97 @@ def _set_counted(gb: Gradebook, lab: str, item: str, points: float) -> str:
         return ""
     return (f"'{item}' is now worth {points:g} points (this profile), but {len(over)} submission(s) graded "
             f"on another profile hold more ({', '.join(over[:3])}): regrade the lab on one profile")
+
+
+def _worth(verdict: dict) -> float:
+    """What one recorded verdict makes its item worth in the gradebook (``write_scores``)."""
+    return float(verdict["max_score"]) if verdict.get("counted", True) else 0.0
+
+
+def _verdicts(lab: LabSpec, lab_records: list[dict]):
+    """(record, verdict) for every verdict of ``lab``'s records that was written to the gradebook: a
+    job the grader lost (``not_graded``) wrote nothing there, and an item no longer in the lab has no cell."""
+    names = {item.name for item in lab.items}
+    for record in lab_records:
+        for verdict in record["items"]:
+            if verdict["item"] in names and verdict["status"] != "not_graded":
+                yield record, verdict
+
+
+def recorded_maxima(lab: LabSpec, lab_records: list[dict]) -> dict[str, float]:
+    """Each item's maximum as the latest grading of it left the gradebook: its points, or 0 where
+    that grading's profile left it out. Items no record grades are not in the answer."""
+    latest = sorted(_verdicts(lab, lab_records), key=lambda pair: pair[0].get("graded_at", ""))
+    return {verdict["item"]: _worth(verdict) for _, verdict in latest}
+
+
+def restore_maxima(db_url: str, lab: LabSpec, lab_records: list[dict]) -> list[str]:
+    """Give each graded item of ``lab`` back the maximum its latest grading set, after nbgrader's
+    ``generate_assignment`` set every test cell to its notebook's points (the GPU points of a lab
+    graded on the CPU counted again). Returns what the instructor should read."""
+    wanted = recorded_maxima(lab, lab_records)
+    if not wanted:
+        return []
+    notes = []
+    with Gradebook(db_url) as gb:
+        for name, points in wanted.items():
+            try:
+                stranded = _set_counted(gb, lab.name, name, points)
+            except MissingEntry:
+                continue  # the rebuilt notebook has no test cell for it: nothing to keep
+            if stranded:
+                notes.append(f"{lab.name}: {stranded}")
+        gb.db.commit()
+    left_out = [name for name, points in wanted.items() if points == 0]
+    if left_out:
+        notes.insert(0, f"{lab.name} has grades: the gradebook keeps {', '.join(left_out)} out of its total "
+                        "(0 points), as its latest grading left it")
+    return notes
+
+
+def check_maxima(db_url: str, lab: LabSpec, lab_records: list[dict], students: list[str] | None = None) -> None:
+    """Raise ``MaximumMismatch`` where the gradebook's maximum of an item of ``lab`` is not what the
+    records of ``students`` (default: every record) make it. The message names the lab, both
+    totals, the items that differ, and the command that fixes it: ``build LAB`` restores the records'
+    maxima; where the records disagree among themselves (a lab graded on two profiles), only a
+    regrade on one profile can."""
+    graded = [record for record in lab_records if students is None or record["student"] in students]
+    if not graded:
+        return
+    with Gradebook(db_url) as gb:
+        try:
+            total = float(gb.find_assignment(lab.name).max_score)
+        except MissingEntry:
+            return  # not built: nbgrader's own command says so
+        held = {}
+        for item in lab.items:
+            try:
+                held[item.name] = float(gb.find_grade_cell(item.name, lab.name, lab.name).max_score)
+            except MissingEntry:
+                continue
+    off: dict[str, dict[str, float]] = {}
+    for record, verdict in _verdicts(lab, graded):
+        if verdict["item"] in held and _worth(verdict) != held[verdict["item"]]:
+            off.setdefault(record["student"], {})[verdict["item"]] = _worth(verdict)
+    if not off:
+        return
+    student = sorted(off)[0]
+    theirs = total + sum(points - held[name] for name, points in off[student].items())
+    items = "; ".join(f"{name}: {held[name]:g} in the gradebook, {points:g} in the records"
+                      for name, points in sorted(off[student].items()))
+    who = f"{student}'s record" if len(off) == 1 else f"the records of {len(off)} students, e.g. {student}'s"
+    message = (f"the gradebook counts {lab.name} out of {total:g} points, {who} out of {theirs:g} ({items}): "
+               f"nbgrader's feedback and export would show {total:g}, the CLI, the CSV and the dashboard {theirs:g}")
+    worths: dict[str, set[float]] = {}
+    for _, verdict in _verdicts(lab, lab_records):
+        worths.setdefault(verdict["item"], set()).add(_worth(verdict))
+    split = sorted(name for name, seen in worths.items() if len(seen) > 1)
+    if split:
+        profiles = sorted({record.get("profile", "?") for record in lab_records})
+        latest = max(lab_records, key=lambda record: record.get("graded_at", "")).get("profile", "?")
+        raise MaximumMismatch(f"{message}. The records themselves disagree on {', '.join(split)} (graded on the "
+                              f"{' and '.join(profiles)} profiles): regrade the lab on one profile",
+                              ["autograde", lab.name, "--profile", latest])
+    raise MaximumMismatch(f"{message}. nbgrader's generate_assignment (formgrader's Generate, nbgrader's own "
+                          "command, an older build) set the gradebook back to the notebook's points; restore the "
+                          "records' maxima (nothing is regraded)", ["build", lab.name])

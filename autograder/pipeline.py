@@ -9,17 +9,21 @@ A failure for one student is recorded and the batch goes on.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from autograder import batch, notebook, records
+from autograder import batch, gradebook, notebook, records
 from autograder.course import Course
 from autograder.engine.items import LabSpec
 
-REPORT_COLUMNS = ("student", "lab", "item", "score", "max_score", "status", "reason")
+REPORT_COLUMNS = ("student", "lab", "item", "score", "max_score", "counted", "status", "reason")
+# After each student's items of a lab, the CSV has a row with their total: the sum of the rows
+# counted "yes", which is the total nbgrader's export and the CLI give.
+TOTAL_ITEM, TOTAL_STATUS = "(total)", "total"
 
 
 @dataclass
@@ -52,9 +56,14 @@ def lab_summary(lab: str, done: batch.BatchSummary) -> LabSummary:
 
 def feedback(course: Course, lab: LabSpec, students: list[str] | None = None,
              progress: Callable[[int, int, str], None] | None = None) -> list[str]:
-    """HTML feedback per student; returns the failures. ``progress(done, total, line)`` follows it."""
+    """HTML feedback per student; returns the failures. ``progress(done, total, line)`` follows it.
+
+    Raises ``gradebook.MaximumMismatch``, before anything is written, where the gradebook's maximum
+    for ``lab`` is not the one the students' grading records give: nbgrader takes the feedback's
+    total from the gradebook, and it would contradict the CLI and the report."""
     failures, ready = [], []
     students = students or course.students(lab.name)
+    gradebook.check_maxima(course.db_url, lab, records.read_lab(course.records, lab.name), students)
     for done, student in enumerate(students, 1):
         if progress:
             progress(done, len(students), f"feedback {lab.name} {student}")
@@ -117,20 +126,37 @@ def report_rows(course: Course) -> list[dict]:
             rows.append({
                 "student": record["student"], "lab": record["lab"], "item": item["item"],
                 "score": item["score"], "max_score": item["max_score"],
+                # False: left out of the total on this profile (a speed item without a GPU).
+                "counted": bool(item.get("counted", True)),
                 # Records written before reasons were capped may still hold any text.
                 "status": item["status"], "reason": records.clean_reason(item["reason"]),
             })
     return rows
 
 
+def csv_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` (``report_rows``) as the CSV writes them: ``counted`` as yes or no, and after each
+    student's items of a lab a total row (item "(total)", status "total", ``counted`` empty)."""
+    sums = totals(rows)
+    out = []
+    for key, group in itertools.groupby(rows, key=lambda row: (row["student"], row["lab"])):
+        out += [{**row, "counted": "yes" if row["counted"] else "no"} for row in group]
+        total = sums[key]
+        out.append({"student": key[0], "lab": key[1], "item": TOTAL_ITEM, "score": total["score"],
+                    "max_score": total["max"], "counted": "", "status": TOTAL_STATUS,
+                    "reason": f"{total['left_out']:g} points need a GPU: left out" if total["left_out"] else ""})
+    return out
+
+
 def write_report(course: Course, csv_path: Path) -> tuple[Path, Path]:
-    """The CSV (one row per student, lab and item) and, beside it, the full grading records."""
+    """The CSV (one row per student, lab and item, then that student's total of the lab) and, beside
+    it, the full grading records."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     # A student folder's name is whatever bytes the file system allows: never let one stop the report.
     with csv_path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.DictWriter(f, fieldnames=REPORT_COLUMNS)
         writer.writeheader()
-        writer.writerows(report_rows(course))
+        writer.writerows(csv_rows(report_rows(course)))
     record_path = csv_path.with_suffix(".records.json")
     record_path.write_text(json.dumps(records.read_all(course.records), indent=2))
     return csv_path, record_path
@@ -141,7 +167,7 @@ def totals(rows: list[dict]) -> dict[tuple[str, str], dict]:
     out: dict[tuple[str, str], dict] = {}
     for row in rows:
         entry = out.setdefault((row["student"], row["lab"]), {"score": 0.0, "max": 0.0, "left_out": 0.0})
-        if row["status"] == "needs_gpu":
+        if not row.get("counted", row["status"] != "needs_gpu"):
             entry["left_out"] += float(row["max_score"])
         else:
             entry["score"] += float(row["score"])

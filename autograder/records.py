@@ -70,3 +70,8 @@ def write(records_dir: Path, lab: str, student: str, *, profile: str, seed: int,
 
 def read_all(records_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(records_dir.glob("*/*.json"))]
+
+
+def read_lab(records_dir: Path, lab: str) -> list[dict]:
+    """The records of one lab, a student each."""
+    return [json.loads(p.read_text()) for p in sorted((records_dir / lab).glob("*.json"))]

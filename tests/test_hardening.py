@@ -122,8 +122,9 @@ def test_reasons_are_capped_and_cleaned_in_records_and_report(tmp_path):
     assert len(reason) <= records.MAX_REASON_CHARS and "\x00" not in reason and "\x1b" not in reason
     csv_path, _ = pipeline.write_report(course, tmp_path / "report.csv")
     with csv_path.open(newline="") as f:
-        (row,) = csv.DictReader(f)
+        (row, total) = csv.DictReader(f)
     assert row["reason"] == reason
+    assert total["status"] == pipeline.TOTAL_STATUS
     assert len(verdict_text(item)) < records.MAX_REASON_CHARS + 200
 
 
