@@ -52,9 +52,16 @@ def _print_failures(failures: list[str]) -> None:
         print("\n".join(_failure_lines(failures)))
 
 
+def _course_options(args) -> list[str]:
+    """The options that point a printed command at the same course and gradebook (a password masked)."""
+    options = ["--course", str(Path(args.course).resolve())] if args.course else []
+    return options + (["--db-url", gradebook.masked(args.db_url)] if args.db_url else [])
+
+
 def _course_option(args) -> str:
-    """``--course DIR `` where the command was given one: a printed command must reach the same course."""
-    return f"--course {shlex.quote(str(Path(args.course).resolve()))} " if args.course else ""
+    """``_course_options`` as the start of a printed command line ("" where there are none)."""
+    options = _course_options(args)
+    return shlex.join(options) + " " if options else ""
 
 
 def _print_seed(command: str, seed: int, profile: dict) -> None:
@@ -116,12 +123,6 @@ def cmd_autograde(args) -> int:
     _print_failures(summary.failures)
     _print_seed(f"{_course_option(args)}autograde {lab.name}", seed, profile)
     return 0
-
-
-def _course_options(args) -> list[str]:
-    """The options that point a printed command at the same course and gradebook (a password masked)."""
-    options = ["--course", args.course] if args.course else []
-    return options + (["--db-url", gradebook.masked(args.db_url)] if args.db_url else [])
 
 
 def cmd_feedback(args) -> int:

@@ -56,7 +56,9 @@ class MaximumMismatch(RuntimeError):
 
     def text(self, options: list[str] | tuple[str, ...] = ()) -> str:
         """The reason and the command that fixes it, with the CLI's own ``options`` (``--course DIR``)."""
-        return f"{self.args[0]}: python -m autograder {shlex.join([*options, *self.command])}"
+        from autograder.hints import autograder  # here: hints imports the course, which imports this module
+
+        return f"{self.args[0]}: {autograder(shlex.join([*options, *self.command]))}"
 
     def __str__(self) -> str:
         return self.text()

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from nbgrader.api import Gradebook
 
-from autograder import batch, cli, gradebook, pipeline, profiles, records, tables
+from autograder import batch, cli, gradebook, hints, pipeline, profiles, records, tables
 from autograder.course import build, copy_build
 from autograder.engine.items import load_lab
 from autograder.submissions import make_submission, reference_solutions, variant
@@ -178,14 +178,14 @@ def test_feedback_refuses_a_maximum_the_records_do_not_give(full_marks, monkeypa
     message = str(refused.value)
     assert f"the gradebook counts {LAB} out of {every:g} points, ann's record out of {counted:g}" in message
     assert f"matmul_speed: {lab.item('matmul_speed').points:g} in the gradebook, 0 in the records" in message
-    assert message.endswith(f"python -m autograder build {LAB}")
+    assert message.endswith(f": {hints.autograder(f'build {LAB}')}")
     assert not html.exists()
 
     monkeypatch.setenv("PATH", os.environ["PATH"])  # the CLI puts its bin first
     root = str(full_marks.root)
     assert cli.main(["--course", root, "feedback", LAB]) == 2
     err = capsys.readouterr().err
-    assert f"no feedback written for {LAB}:" in err and f"python -m autograder --course {root} build {LAB}" in err
+    assert f"no feedback written for {LAB}:" in err and f": {hints.autograder(f'--course {root} build {LAB}')}" in err
     assert not html.exists()
     # the command it names puts it right, without a regrade
     assert cli.main(["--course", root, "build", LAB]) == 0
