@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 from autograder import gradebook, journal, notebook, records, workfolder
 from autograder.course import Course
 from autograder.engine import bwrap, toolchain
+from autograder.engine.grade import NEEDS_GPU
 from autograder.engine.items import load_lab
 from autograder.jobs import JobResult, JobSpec, grade_job, prepare_scratch
 from fastdl_lab import device
@@ -172,9 +173,7 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
     nb_run = {**result.get("nbgrader", {}), "seconds": result.get("seconds", {}).get("nbgrader")}
     timestamp = None
     if result.get("error"):
-        items = [{"item": it.name, "score": 0.0, "max_score": it.points, "status": NOT_GRADED,
-                  "reason": result["error"], "counted": True, "wall_s": 0.0, "details": {}}
-                 for it in lab.items if not only or it.name in only]
+        items = _lost_items(lab, profile, result["error"], only)
         summary.failures.append(f"{lab_name} {student}: not graded: {result['error']}")
     else:
         items = result["items"]
@@ -189,6 +188,11 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
                                                      course.autograded(student, lab_name).parent)
         except notebook.NotebookError as exc:
             summary.failures.append(f"{lab_name} {student}: {records.clean_reason(exc)}")
+    if only:
+        items, stale = _with_earlier_verdicts(course, lab, student, items, seed=run.seed,
+                                              attempt=result.get("attempt", ""))
+        if stale:
+            summary.failures.append(f"{lab_name} {student}: {', '.join(stale)} not graded: {STALE}")
     path = records.write(course.records, lab_name, student, profile=profile["name"], seed=run.seed, items=items,
                          nbgrader=nb_run, seconds=result.get("seconds", {}), worker=result.get("worker", ""),
                          attempt=result.get("attempt", ""))
@@ -205,6 +209,57 @@ def _store(course: Course, result: dict, run: journal.Run, profile: dict, summar
     summary.graded[(lab_name, student)] = record
     summary.seconds[(lab_name, student)] = result.get("seconds", {}).get("total", 0.0)
     return record
+
+
+def _lost_items(lab, profile: dict, reason: str, only: tuple[str, ...] | None) -> list[dict]:
+    """A job the grader lost: every item it was to grade is ``not_graded`` with the reason, but for
+    those this profile leaves out of the total, which stay out as in a graded record (the maximum of
+    a lost job is the maximum of a graded one)."""
+    items = []
+    for it in lab.items:
+        if only and it.name not in only:
+            continue
+        if notebook.needs_gpu(it, profile):
+            items.append({"item": it.name, "score": 0.0, "max_score": it.points, "status": "needs_gpu",
+                          "reason": NEEDS_GPU, "counted": False, "wall_s": 0.0, "details": {}})
+        else:
+            items.append({"item": it.name, "score": 0.0, "max_score": it.points, "status": NOT_GRADED,
+                          "reason": reason, "counted": True, "wall_s": 0.0, "details": {}})
+    return items
+
+
+STALE = ("the submission changed since they were graded, and only other items were regraded: "
+         "regrade the whole submission (autograde without --item)")
+
+
+def _with_earlier_verdicts(course: Course, lab, student: str, items: list[dict], *, seed: int,
+                           attempt: str) -> tuple[list[dict], list[str]]:
+    """A run that regrades some items (``--item``) replaces those verdicts only: the record keeps
+    the student's other verdicts, each with the seed it was graded with where that differs from
+    this run's, so that the record and the gradebook (which keeps the other items' scores) give one
+    total. Verdicts given on an earlier version of the submission are not kept as they were: they
+    become ``not_graded``, named in the second list, since the notebook they judged is gone."""
+    path = course.records / lab.name / f"{student}.json"
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return items, []
+    regraded = {i["item"]: i for i in items}
+    before = {i["item"]: i for i in earlier.get("items", []) if isinstance(i, dict) and "item" in i}
+    same_attempt = bool(attempt) and earlier.get("attempt") == attempt
+    merged, stale = [], []
+    for it in lab.items:
+        if it.name in regraded:
+            merged.append(regraded[it.name])
+        elif it.name in before:
+            verdict = dict(before[it.name])
+            if verdict.get("seed", earlier.get("seed")) != seed:
+                verdict["seed"] = verdict.get("seed", earlier.get("seed"))
+            if not same_attempt and verdict.get("counted", True) and verdict.get("status") != NOT_GRADED:
+                verdict.update(score=0.0, status=NOT_GRADED, reason=STALE)
+                stale.append(it.name)
+            merged.append(verdict)
+    return merged, stale
 
 
 def _selection(only: list[str] | None, per_job: list) -> Callable[[str, str], tuple[str, ...] | None]:

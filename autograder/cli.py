@@ -288,7 +288,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("lab")
     s.add_argument("--student", action="append", help="grade only this student (repeatable)")
     s.add_argument("--cell-timeout", type=int, help="nbgrader per-cell timeout in seconds")
-    s.add_argument("--item", action="append", help="grade only this item (repeatable), e.g. after fixing its grading")
+    s.add_argument("--item", action="append", help="grade only this item (repeatable), e.g. after fixing its "
+                   "grading; the record keeps the other items' verdicts")
     s.add_argument("--resume", action="store_true", help="grade what the last, interrupted run of LAB left, with "
                    "its seed and profile")
     s.set_defaults(func=cmd_autograde, autograde_parser=s)

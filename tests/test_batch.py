@@ -17,8 +17,9 @@ import time
 
 import pytest
 
-from autograder import batch, cli, journal, loadtest, progress
+from autograder import batch, cli, journal, loadtest, pipeline, progress
 from autograder.course import copy_build
+from autograder.engine.items import load_lab
 from autograder.engine.sandbox import descendants
 from autograder.submissions import make_submission, reference_solutions
 
@@ -237,12 +238,62 @@ def test_a_grader_fault_is_named_and_the_batch_goes_on(course, cpu, tmp_path, mo
     monkeypatch.setattr(batch, "grade_job", faulty)
     summary = batch.grade(copy, [(LAB, "first"), (LAB, "second")], profile=cpu, seed=SEED, execute=False)
     first, second = summary.graded[(LAB, "first")], summary.graded[(LAB, "second")]
-    assert {i["status"] for i in first["items"]} == {journal.NOT_GRADED}
-    assert "disk full" in first["items"][0]["reason"]
+    lost = [i for i in first["items"] if i["status"] == journal.NOT_GRADED]
+    assert lost and all("disk full" in i["reason"] and i["counted"] for i in lost)
+    assert len(lost) == len(first["items"])  # lab 00 has no item left out on a CPU profile
     assert {i["status"] for i in second["items"]} <= {"unanswered", "needs_gpu"}
     run = journal.load(copy.root / "runs" / f"{summary.run_id}.jsonl")
     assert run.final[(LAB, "first")]["state"] == journal.NOT_GRADED and not run.remaining
     assert any("first: not graded" in f for f in summary.failures)
+
+
+def test_a_lost_job_leaves_out_what_the_profile_leaves_out(cpu):
+    lab = load_lab("01_gemm")
+    items = batch._lost_items(lab, cpu, "grader fault: OSError: disk full", None)
+    left_out = {i["item"] for i in items if i["status"] == "needs_gpu"}
+    assert left_out and left_out == {it.name for it in lab.items if it.is_speed}
+    assert all(not i["counted"] for i in items if i["item"] in left_out)
+    assert all(i["status"] == journal.NOT_GRADED and i["counted"] and "disk full" in i["reason"]
+               for i in items if i["item"] not in left_out)
+    # Its maximum is that of a graded record on this profile: the 10 points of lab 01 on the CPU.
+    assert sum(i["max_score"] for i in items if i["counted"]) == 10
+    on_gpu = batch._lost_items(lab, {**cpu, "gpu": True}, "lost", None)
+    assert all(i["status"] == journal.NOT_GRADED and i["counted"] for i in on_gpu)
+
+
+def test_regrading_some_items_keeps_the_other_verdicts_with_their_seed(course, cpu, tmp_path):
+    copy = copy_build(course, tmp_path / "course")
+    cells = reference_solutions(copy, LAB)
+    make_submission(copy, LAB, "ann", cells)
+    path = copy.records / LAB / "ann.json"
+    batch.grade(copy, [(LAB, "ann")], profile=cpu, seed=SEED, execute=False)
+    full = json.loads(path.read_text())
+    assert len(full["items"]) > 1 and full["seed"] == SEED
+
+    summary = batch.grade(copy, [(LAB, "ann")], profile=cpu, seed=SEED + 1, execute=False, only=[ITEM])
+    again = json.loads(path.read_text())
+    assert again["seed"] == SEED + 1 and not summary.failures
+    assert [i["item"] for i in again["items"]] == [i["item"] for i in full["items"]]
+    for before, after in zip(full["items"], again["items"]):
+        if before["item"] == ITEM:
+            assert after["status"] == "passed" and "seed" not in after
+        else:
+            assert after == {**before, "seed": SEED}
+    totals = {(r["item"]): (r["score"], r["max_score"]) for r in pipeline.report_rows(copy) if r["student"] == "ann"}
+    assert totals == {i["item"]: (i["score"], i["max_score"]) for i in full["items"]}
+
+    # A new version of the notebook: verdicts on the old one are not carried over as they were.
+    edited = dict(cells)
+    other = next(name for name in edited if name != ITEM)
+    edited[other] += "\n# edited after grading\n"
+    make_submission(copy, LAB, "ann", edited)
+    summary = batch.grade(copy, [(LAB, "ann")], profile=cpu, seed=SEED + 1, execute=False, only=[ITEM])
+    last = {i["item"]: i for i in json.loads(path.read_text())["items"]}
+    assert last[ITEM]["status"] == "passed"
+    stale = [name for name, i in last.items() if name != ITEM and i["counted"]]
+    assert stale and all(last[n]["status"] == journal.NOT_GRADED and last[n]["score"] == 0 and
+                         "regrade the whole submission" in last[n]["reason"] for n in stale)
+    assert any("not graded: the submission changed" in f for f in summary.failures)
 
 
 def test_a_cpu_profile_is_not_graded_where_tritons_interpreter_is_broken(course, cpu, tmp_path, monkeypatch, capsys):
