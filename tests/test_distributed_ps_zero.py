@@ -1,4 +1,4 @@
-"""Lab 07 distributed: parameter server (sync, async, bounded staleness), ZeRO-1, tensor parallel."""
+"""Lab 07 distributed: parameter server (sync, async, bounded staleness, SSP), ZeRO-1, tensor parallel."""
 
 import math
 
@@ -55,11 +55,62 @@ def test_run_ps_uses_the_rule_it_is_given():
     assert max(server["staleness"]) == 0 and server["rejected"] > 0
 
 
+def test_ssp_start_rule():
+    rule = ps.ssp_may_start_ref
+    assert rule([0, 0, 0], 1, 0) and not rule([1, 0, 0], 0, 0)
+    assert rule([3, 1], 0, 2) and not rule([4, 1], 0, 2)
+    assert rule([4, 1], 1, 0)  # the slowest may always start: no starvation
+
+
+@pytest.mark.parametrize("tau", [0, 1, 3])
+def test_ssp_keeps_workers_within_tau_iterations_and_discards_nothing(tau):
+    steps = 60
+    server, *workers = run_world(ps.run_ps, 3, "ssp", tau, steps, 0.1, 0, worker_delays=[0.002, 0.04])
+    assert max(server["clock_gaps"]) <= tau and server["rejected"] == 0 and not server["deadlocked"]
+    assert len(server["staleness"]) == steps and len(server["losses"]) == steps and ps.converged(server)
+    if tau <= 1:  # twenty times faster, the fast worker is soon that far ahead, however busy the machine
+        assert server["holds"] > 0, "the fast worker never waited for the slow one"
+    assert sum(w["rejected"] for w in workers) == 0
+    # The bound is on iterations, not on versions: each worker's gradients apply one at a time.
+    assert max(server["staleness"]) <= (tau + 1) * 2
+
+
+def test_async_lets_a_fast_worker_run_ahead_of_any_ssp_bound():
+    server = run_world(ps.run_ps, 3, "async", 1, 60, 0.1, 0, worker_delays=[0.002, 0.04])[0]
+    assert max(server["clock_gaps"]) > 1 and server["holds"] == 0
+
+
+def test_ssp_uses_the_start_rule_it_is_given():
+    def one_ahead(clocks, worker, tau):  # off by one: lets a worker run tau + 1 ahead
+        return clocks[worker] - min(clocks) <= tau + 1
+
+    server = run_world(ps.run_ps, 3, "ssp", 1, 60, 0.1, 0, worker_delays=[0.002, 0.04], start_rule=one_ahead)[0]
+    assert max(server["clock_gaps"]) == 2
+
+    # A rule that holds everyone would leave every worker waiting for ever: the server stops the run.
+    server = run_world(ps.run_ps, 3, "ssp", 1, 60, 0.1, 0, start_rule=lambda clocks, worker, tau: False)[0]
+    assert server["deadlocked"] and len(server["staleness"]) < 60
+
+
+def test_a_synchronous_start_then_asynchrony():
+    sync_steps = 10
+    server = run_world(ps.run_ps, 3, "async", 0, 50, 0.1, 0, worker_delays=[0.002, 0.02], sync_steps=sync_steps)[0]
+    assert server["updates_by"][:sync_steps] == [0] * sync_steps
+    assert set(server["updates_by"][sync_steps:]) <= {1, 2} and server["updates_by"][sync_steps:]
+    # One gradient per worker in each sync round, all on the current weights.
+    assert server["staleness"][:2 * sync_steps] == [0] * (2 * sync_steps)
+    assert max(server["staleness"][2 * sync_steps:]) > 0 and len(server["losses"]) == 50
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mode"):
         ps.run_ps(0, 3, "hogwild", 0, 1, 0.1, 0)
     with pytest.raises(ValueError, match="worker_delays"):
         ps.run_ps(0, 3, "async", 0, 1, 0.1, 0, worker_delays=[0.1])
+    with pytest.raises(ValueError, match="tau"):
+        ps.run_ps(0, 3, "ssp", -1, 1, 0.1, 0)
+    with pytest.raises(ValueError, match="sync_steps"):
+        ps.run_ps(0, 3, "async", 0, 5, 0.1, 0, sync_steps=6)
 
 
 DATA = ddp.make_regression(2, 48, 10, 3)

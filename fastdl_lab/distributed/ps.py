@@ -1,4 +1,4 @@
-"""A parameter server with synchronous, asynchronous and bounded-staleness SGD (lab 07).
+"""A parameter server with synchronous, asynchronous, bounded-staleness and SSP SGD (lab 07).
 
 Rank 0 is the server and owns the weights of a linear regression; ranks 1..K are workers, each
 with its own shard of the data. A worker pulls the weights, computes the gradient of its shard's
@@ -14,11 +14,27 @@ whichever worker speaks first (``recv`` without a source).
   replaced: its *staleness* is the server's version minus the version it was computed on;
 - **bounded**: as async, but a gradient is applied only if the rule (``rule=``, by default
   ``bounded_staleness_rule_ref``) admits it; otherwise the worker is sent the current weights
-  and recomputes. Every applied gradient is then at most ``tau`` versions old.
+  and recomputes. Every applied gradient is then at most ``tau`` versions old. This is a *drop*
+  rule: the work of a rejected gradient is thrown away, and a worker slow enough never to be
+  within ``tau`` would never contribute;
+- **ssp**: bounded delay, or stale synchronous parallel (Ho et al., NIPS 2013; Li et al., OSDI
+  2014): every gradient is applied as it arrives, none is discarded, and a worker that runs ahead
+  *waits*. Each worker has a clock, the number of its gradients applied; a worker may start
+  iteration ``c`` only once every worker has finished iterations before ``c - tau`` (the start
+  rule, ``start_rule=``, by default ``ssp_may_start_ref``), else the server holds its answer
+  until the slowest catches up. ``tau = 0`` is bulk-synchronous (every worker waits for the
+  slowest each iteration), a large ``tau`` is async. The bound is on clocks, not on versions: a
+  gradient may still be up to about ``(tau + 1) * workers`` versions old.
 
-The server records the staleness of every applied gradient. Artificial per-worker delays
-(``worker_delays``, seconds of sleep before each gradient) make asynchrony visible even on two
-cores, where the operating system would otherwise decide who is slow.
+``sync_steps`` (async, bounded and ssp) runs the first updates as sync rounds, then goes on in the
+mode asked for: a synchronous start (the first epoch, say) while the weights move fastest, where
+stale gradients do the most harm, then asynchrony.
+
+The server records the staleness (in versions) of every applied gradient, the clock gap of each
+(how many iterations its worker was ahead of the slowest when it started computing it) and the
+loss after every update. Artificial per-worker delays (``worker_delays``, seconds of sleep before
+each gradient) make asynchrony visible even on two cores, where the operating system would
+otherwise decide who is slow.
 """
 
 from __future__ import annotations
@@ -32,7 +48,7 @@ import torch.distributed as dist
 from fastdl_lab import checks
 from fastdl_lab.distributed.launch import run_world
 
-MODES = ("sync", "async", "bounded")
+MODES = ("sync", "async", "bounded", "ssp")
 # Message heads: what a worker sends, and what the server answers.
 PULL, PUSH = 0, 1
 WEIGHTS, REJECTED, STOP = 0, 1, 2
@@ -47,6 +63,17 @@ def bounded_staleness_rule_ref(server_version: int, gradient_version: int, tau: 
     ### BEGIN SOLUTION
     return server_version - gradient_version <= tau
     ### END SOLUTION
+
+
+def ssp_may_start_ref(clocks: list[int], worker: int, tau: int) -> bool:
+    """May ``worker`` (an index into ``clocks``) start its next iteration?
+
+    ``clocks[i]`` is the number of worker i's gradients the server has applied, so the worker's
+    next iteration is number ``clocks[worker]`` (from 0). It may start once every worker has
+    finished the iterations before ``clocks[worker] - tau``: the slowest clock is at least that.
+    ``tau = 0`` makes every worker wait until all have finished its previous iteration.
+    """
+    return clocks[worker] - min(clocks) <= tau
 
 
 def make_linear_regression(seed: int, n: int, d: int, noise: float = 0.1):
@@ -93,22 +120,44 @@ def _worker(rank: int, world_size: int, x, y, delay: float) -> dict:
     return {"pushes": pushes, "rejected": rejected}
 
 
-def _server(world_size: int, mode: str, tau: int, steps: int, lr: float, rule: Callable, x, y) -> dict:
+def _server(world_size: int, mode: str, tau: int, steps: int, lr: float, rule: Callable, start_rule: Callable,
+            sync_steps: int, x, y) -> dict:
     workers, d = world_size - 1, x.shape[1]
     w = torch.zeros(d, dtype=torch.float64)
     version = 0
     staleness: list[int] = []
     updates_by: list[int] = []
+    losses: list[float] = []
     rejected = 0
     waiting: dict[int, tuple[int, torch.Tensor]] = {}
     stopped: set[int] = set()
+    # SSP: each worker's clock (its gradients applied), the clock gap each started its current
+    # iteration with, the gaps of the applied gradients, and the workers held back by the rule.
+    clocks = [0] * workers
+    started_gap: dict[int, int] = {}
+    clock_gaps: list[int] = []
+    held: set[int] = set()
+    holds = 0
+    deadlocked = False
     message = torch.empty(d + 2, dtype=torch.float64)
     start = time.perf_counter()
 
     def answer(dst: int, head: int) -> None:
         if head == STOP:
             stopped.add(dst)
+        elif head == WEIGHTS:
+            started_gap[dst] = clocks[dst - 1] - min(clocks)
         dist.send(_message(head, version, w), dst)
+
+    def applied(src: int, gradient_version: int) -> None:
+        staleness.append(version - gradient_version)
+        clock_gaps.append(started_gap.get(src, 0))
+        clocks[src - 1] += 1
+
+    def stepped() -> None:
+        nonlocal version
+        version += 1
+        losses.append(loss(w, x, y))
 
     while len(stopped) < workers:
         src = dist.recv(message)
@@ -117,15 +166,16 @@ def _server(world_size: int, mode: str, tau: int, steps: int, lr: float, rule: C
             answer(src, STOP)
         elif head == PULL:
             answer(src, WEIGHTS)
-        elif mode == "sync":
+        elif mode == "sync" or version < sync_steps:
             # Every worker computed on the current version: nobody is answered until the
             # slowest has pushed, so no gradient is ever stale.
             waiting[src] = (gradient_version, grad)
             if len(waiting) == workers:
-                staleness += [version - v for v, _ in waiting.values()]
+                for dst, (v, _) in waiting.items():
+                    applied(dst, v)
                 updates_by.append(0)
                 w -= lr * torch.stack([g for _, g in waiting.values()]).mean(0)
-                version += 1
+                stepped()
                 for dst in sorted(waiting):
                     answer(dst, STOP if version >= steps else WEIGHTS)
                 waiting.clear()
@@ -133,12 +183,35 @@ def _server(world_size: int, mode: str, tau: int, steps: int, lr: float, rule: C
             rejected += 1
             answer(src, REJECTED)
         else:
-            staleness.append(version - gradient_version)
+            applied(src, gradient_version)
             updates_by.append(src)
             w -= lr * grad
-            version += 1
-            answer(src, STOP if version >= steps else WEIGHTS)
+            stepped()
+            if version >= steps:
+                answer(src, STOP)
+                for dst in sorted(held):  # nothing more to wait for
+                    answer(dst, STOP)
+                held.clear()
+            elif mode != "ssp":
+                answer(src, WEIGHTS)
+            else:
+                # The worker that just finished, and any held one the slowest has now caught up
+                # with, start their next iteration; the others wait.
+                held.add(src)
+                for dst in sorted(held):
+                    if start_rule(list(clocks), dst - 1, tau):
+                        held.discard(dst)
+                        answer(dst, WEIGHTS)
+                    elif dst == src:
+                        holds += 1
+                if len(held) == workers - len(stopped):
+                    # Every worker still running is held: no gradient can come to move a clock.
+                    deadlocked = True
+                    for dst in sorted(held):
+                        answer(dst, STOP)
+                    held.clear()
     return {"weights": w, "staleness": staleness, "updates_by": updates_by, "rejected": rejected,
+            "clock_gaps": clock_gaps, "holds": holds, "deadlocked": deadlocked, "losses": losses,
             "seconds": time.perf_counter() - start,
             "loss": loss(w, x, y), "initial_loss": loss(torch.zeros(d, dtype=torch.float64), x, y),
             "optimal_loss": loss(torch.linalg.lstsq(x, y.unsqueeze(1)).solution.squeeze(1), x, y)}
@@ -146,27 +219,38 @@ def _server(world_size: int, mode: str, tau: int, steps: int, lr: float, rule: C
 
 def run_ps(rank: int, world_size: int, mode: str, tau: int, steps: int, lr: float, seed: int,
            worker_delays=None, rule: Callable[[int, int, int], bool] = bounded_staleness_rule_ref,
-           n: int = 240, d: int = 8) -> dict:
+           n: int = 240, d: int = 8, start_rule: Callable[[list[int], int, int], bool] = ssp_may_start_ref,
+           sync_steps: int = 0) -> dict:
     """One rank of a parameter-server run: rank 0 serves, ranks 1.. are workers.
 
     ``steps`` is the number of updates the server applies (in sync mode each is the average of
     one gradient per worker); ``worker_delays[i]`` is worker i+1's sleep before each gradient;
-    ``rule(server_version, gradient_version, tau) -> bool`` admits gradients in bounded mode.
-    Rank 0 returns {"weights", "staleness" (one entry per applied gradient), "updates_by" (which
-    worker made each update; 0 for a sync round), "rejected", "seconds" (the server's wall time
-    from the first message to the last), "loss", "initial_loss", "optimal_loss"}; a worker returns
-    {"pushes", "rejected"}.
+    ``rule(server_version, gradient_version, tau) -> bool`` admits gradients in bounded mode;
+    ``start_rule(clocks, worker, tau) -> bool`` lets a worker start its next iteration in ssp mode;
+    ``sync_steps`` updates are sync rounds before the mode takes over.
+    Rank 0 returns {"weights", "staleness" (versions, one entry per applied gradient),
+    "clock_gaps" (per applied gradient: how many iterations its worker was ahead of the slowest
+    when it started it), "updates_by" (which worker made each update; 0 for a sync round),
+    "rejected" (gradients the bounded rule discarded), "holds" (times a worker that had just
+    pushed was made to wait, ssp), "deadlocked" (ssp: every worker was held at once, and the run
+    was stopped), "losses" (after each update), "seconds" (the server's wall time from the first
+    message to the last), "loss", "initial_loss", "optimal_loss"}; a worker returns {"pushes",
+    "rejected"}.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if world_size < 2:
         raise ValueError("a parameter server needs a server and at least one worker: world_size >= 2")
+    if tau < 0:
+        raise ValueError(f"tau must be at least 0, got {tau}")
+    if not 0 <= sync_steps <= steps:
+        raise ValueError(f"sync_steps must be between 0 and steps ({steps}), got {sync_steps}")
     delays = list(worker_delays or [0.0] * (world_size - 1))
     if len(delays) != world_size - 1:
         raise ValueError(f"worker_delays needs one delay per worker ({world_size - 1}), got {len(delays)}")
     x, y = make_linear_regression(seed, n, d)
     if rank == 0:
-        return _server(world_size, mode, tau, steps, lr, rule, x, y)
+        return _server(world_size, mode, tau, steps, lr, rule, start_rule, sync_steps, x, y)
     return _worker(rank, world_size, x, y, delays[rank - 1])
 
 
@@ -177,15 +261,19 @@ def converged(result: dict, fraction: float = 0.05) -> bool:
 
 
 def check() -> None:
-    """Sync is exact, async with a slow worker gets stale gradients, bounded never exceeds tau."""
+    """Sync is exact, async with a slow worker gets stale gradients, bounded never exceeds tau, SSP
+    keeps every worker within tau iterations of the slowest and discards nothing."""
     sync = run_world(run_ps, 3, "sync", 0, 40, 0.3, 0)[0]
     assert set(sync["staleness"]) == {0} and converged(sync), sync
     delays = [0.001, 0.02]
     free = run_world(run_ps, 3, "async", 2, 60, 0.1, 0, worker_delays=delays)[0]
     bounded = run_world(run_ps, 3, "bounded", 2, 60, 0.1, 0, worker_delays=delays)[0]
     assert max(bounded["staleness"]) <= 2 and converged(bounded), bounded
+    ssp = run_world(run_ps, 3, "ssp", 2, 60, 0.1, 0, worker_delays=delays)[0]
+    assert max(ssp["clock_gaps"]) <= 2 and ssp["rejected"] == 0 and not ssp["deadlocked"] and converged(ssp), ssp
     print(f"ps: largest staleness async {max(free['staleness'])}, bounded (tau 2) {max(bounded['staleness'])} "
-          f"with {bounded['rejected']} gradients rejected; all converge")
+          f"with {bounded['rejected']} gradients rejected, ssp (tau 2) {max(ssp['staleness'])} versions and "
+          f"{max(ssp['clock_gaps'])} iterations with none rejected and {ssp['holds']} waits; all converge")
 
 
 if __name__ == "__main__":
