@@ -1,5 +1,5 @@
-"""Graded items of lab 07 distributed: DDP wrappers, ring all-reduce, parameter server, ZeRO-1,
-FSDP (fp32 and bf16) and a tensor-parallel MLP.
+"""Graded items of lab 07 distributed: DDP wrappers, ring all-reduce, parameter server (a drop rule
+and SSP), ZeRO-1, FSDP (fp32 and bf16) and a tensor-parallel MLP.
 
 Every item is graded as worlds of ranks (``items.Worlds``, ``engine/worlds.py``): per world, one
 sandboxed child per rank, nothing shared between them, each joined to the grader's relay before
@@ -20,8 +20,8 @@ import functools
 from autograder.engine.items import Item, LabSpec, Worlds
 from autograder.labs.lab07_distributed import ranks
 from autograder.labs.lab07_distributed.data_parallel import (bucketed_check, case_sizes, ddp_check, ddp_rank_inputs,
-                                                             ps_check, ps_inputs, ps_rank_inputs, ps_sizes,
-                                                             training_cases, zero_check, zero_inputs,
+                                                             ps_check, ps_inputs, ps_rank_inputs, ps_sizes, ssp_check,
+                                                             ssp_inputs, training_cases, zero_check, zero_inputs,
                                                              zero_rank_inputs, zero_reference_worlds)
 from autograder.labs.lab07_distributed.ring_allreduce import ring_check, ring_inputs, ring_rank_inputs, ring_sizes
 from autograder.labs.lab07_distributed.sharded import (fsdp_cases, fsdp_check, fsdp_mixed_cases, fsdp_rank_inputs,
@@ -113,6 +113,10 @@ LAB = LabSpec(
         _item("parameter_server", 1, "ps_code", ps_inputs, ranks.ps_rank, ps_check, ("bounded_staleness_rule",),
               _worlds(ps_sizes, ps_rank_inputs), kind="mechanism",
               description="bounded staleness never exceeds tau and converges"),
+        _item("ssp", 1, "ssp_code", ssp_inputs, ranks.ssp_rank, ssp_check, ("ssp_may_start",),
+              _worlds(ps_sizes, ps_rank_inputs), kind="mechanism",
+              description="SSP: a worker starts only within tau iterations of the slowest; nothing discarded, no "
+                          "deadlock, convergence (the runs self-reported)"),
         _item("zero1", 2, "zero_code", zero_inputs, ranks.zero_rank, functools.partial(zero_check, points=2),
               ("Zero1",), _worlds(case_sizes, zero_rank_inputs, zero_reference_worlds), reference=_zero_reference,
               description="ZeRO-1 around torch optimizers: bit-identical to AdamW and SGD, each parameter broadcast "

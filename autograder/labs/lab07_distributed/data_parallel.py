@@ -201,25 +201,42 @@ def ps_rank_inputs(inputs: dict, world: int, rank: int) -> dict:
             "probes": inputs["probes"] if (world, rank) == (0, 0) else []}
 
 
-def ps_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
-    """The rule's answers (values) decide; the servers' records of what they applied are counted in
-    the server's rank (self-reported) and can only take the point away."""
-    answers = outputs[0][0]["answers"]
-    if len(answers) != len(inputs["probes"]):
-        return Verdict.failed("the rule was not answered for every hidden case")
-    for probe, answer in zip(inputs["probes"], answers, strict=True):
-        if bool(answer) != ps.bounded_staleness_rule_ref(*probe):
-            server, gradient, tau = probe
-            return Verdict.failed(f"bounded_staleness_rule(server_version={server}, gradient_version={gradient}, "
-                                  f"tau={tau}) returned {bool(answer)}")
+def _served_runs(inputs: dict, outputs, observed) -> tuple[list[tuple[dict, dict]], str | None]:
+    """Each run with what its server's rank returned, once the relay (trusted) has seen only point
+    to point messages and one barrier after each run; else the problem."""
     runs = []
     for group, per_rank, world in zip(ps_groups(inputs), outputs, observed.worlds, strict=True):
         if any(r["op"] != "barrier" for r in traffic.collectives(world["records"])):
-            return Verdict.failed("the relay saw a collective in a parameter server's run, which is point to point")
+            return [], "the relay saw a collective in a parameter server's run, which is point to point"
         problem = traffic.barrier_problem(world["records"], len(group))
         if problem:
-            return Verdict.failed(problem)
+            return [], problem
         runs += [(inputs["runs"][i], per_rank[0]["results"][j]) for j, i in enumerate(group)]
+    return runs, None
+
+
+def _answers_problem(inputs: dict, outputs, reference, shown) -> str | None:
+    """The rule's answers to the hidden probes, against the course's rule (judged here)."""
+    answers = outputs[0][0]["answers"]
+    if len(answers) != len(inputs["probes"]):
+        return "the rule was not answered for every hidden case"
+    for probe, answer in zip(inputs["probes"], answers, strict=True):
+        if bool(answer) != reference(*probe):
+            return f"{shown(*probe)} returned {bool(answer)}"
+    return None
+
+
+def ps_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
+    """The rule's answers (values) decide; the servers' records of what they applied are counted in
+    the server's rank (self-reported) and can only take the point away."""
+    problem = _answers_problem(inputs, outputs, ps.bounded_staleness_rule_ref,
+                               lambda server, gradient, tau: f"bounded_staleness_rule(server_version={server}, "
+                                                             f"gradient_version={gradient}, tau={tau})")
+    if problem:
+        return Verdict.failed(problem)
+    runs, problem = _served_runs(inputs, outputs, observed)
+    if problem:
+        return Verdict.failed(problem)
     for run, server in runs:
         worst = max(server["staleness"], default=0)
         if worst > run["tau"]:
@@ -230,6 +247,55 @@ def ps_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
                                 f"{server['optimal_loss']:.4f} (tau={run['tau']}; self-reported by the server's rank)")
     return Verdict.passed(f"rule correct on {len(inputs['probes'])} hidden cases; {len(inputs['runs'])} servers never "
                           "exceeded tau and converged (self-reported by the server's rank)")
+
+
+# --- stale synchronous parallel -----------------------------------------------------------------
+
+
+def ssp_inputs(seed: int, params: dict) -> dict:
+    """Clocks of 2 to 5 workers, most within a few iterations of the slowest, so that the cases sit
+    around the bound: exactly tau ahead, one more, the slowest itself."""
+    rng = random.Random(seed)
+    probes = []
+    for _ in range(40):
+        tau, workers = rng.randint(0, 4), rng.randint(2, 5)
+        slowest = rng.randint(0, 60)
+        clocks = [slowest + rng.randint(0, tau + 2) for _ in range(workers)]
+        clocks[rng.randrange(workers)] = slowest
+        probes.append((clocks, rng.randrange(workers), tau))
+    runs = [dict(run, seed=rng.randint(0, 1000)) for run in params["runs"]]
+    return {"probes": probes, "runs": runs}
+
+
+def ssp_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
+    """As ``ps_check``: the start rule's answers decide; what the servers recorded (each gradient's
+    clock gap, the gradients discarded, a deadlock, the loss) is self-reported by the server's rank
+    and can only take the point away."""
+    problem = _answers_problem(inputs, outputs, ps.ssp_may_start_ref,
+                               lambda clocks, worker, tau: f"ssp_may_start(clocks={clocks}, worker={worker}, tau={tau})")
+    if problem:
+        return Verdict.failed(problem)
+    runs, problem = _served_runs(inputs, outputs, observed)
+    if problem:
+        return Verdict.failed(problem)
+    for run, server in runs:
+        tau = run["tau"]
+        if server["deadlocked"]:
+            return Verdict.failed(f"every worker was held at once with tau={tau}: the rule let nobody start "
+                                  "(self-reported by the server's rank)")
+        worst = max(server["clock_gaps"], default=0)
+        if worst > tau:
+            return Verdict.failed(f"a worker started an iteration {worst} ahead of the slowest with tau={tau} "
+                                  "(self-reported by the server's rank)")
+        if server["rejected"]:
+            return Verdict.failed(f"{server['rejected']} gradients were discarded; SSP applies every gradient "
+                                  "(self-reported by the server's rank)")
+        if not ps.converged(server):
+            return Verdict(0.5, f"clock gaps bounded, but the loss {server['loss']:.4f} did not approach the optimum "
+                                f"{server['optimal_loss']:.4f} (tau={tau}; self-reported by the server's rank)")
+    return Verdict.passed(f"start rule correct on {len(inputs['probes'])} hidden cases; {len(inputs['runs'])} SSP "
+                          "servers kept every worker within tau iterations of the slowest, discarded nothing and "
+                          "converged (self-reported by the server's rank)")
 
 
 # --- ZeRO-1 ----------------------------------------------------------------------------------

@@ -83,6 +83,19 @@ def ps_rank(ns: dict, inputs: dict) -> dict:
     return {"answers": answers, "results": results}
 
 
+def ssp_rank(ns: dict, inputs: dict) -> dict:
+    """As ``ps_rank``, with the student's start rule in SSP mode."""
+    rule = ns["ssp_may_start"]
+    rank = inputs["rank"]
+    answers = [bool(rule(list(clocks), worker, tau)) for clocks, worker, tau in inputs["probes"]]
+    results = []
+    for run in inputs["runs"]:
+        results.append(ps.run_ps(rank, inputs["world_size"], "ssp", run["tau"], run["steps"], run["lr"],
+                                 run["seed"], worker_delays=run["delays"], start_rule=rule))
+        dist.barrier()
+    return {"answers": answers, "results": results}
+
+
 # --- ZeRO-1 ---------------------------------------------------------------------------------------
 
 
