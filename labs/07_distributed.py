@@ -715,9 +715,17 @@ plt.show()
 #   slow worker's gradient was computed on weights several versions old. Its **staleness** is the
 #   server's version minus the version it was computed on; stale gradients point where the loss
 #   *used* to go down, and with a large learning rate they make training oscillate or diverge.
-# - **Bounded staleness** (bounded delay): a gradient more than $\tau$ versions old is not
+# - **A drop rule** (the `bounded` mode here): a gradient more than $\tau$ versions old is not
 #   applied; its worker must pull the current weights and recompute. $\tau = 0$ admits only
-#   gradients computed on the current weights; $\tau = \infty$ is asynchronous.
+#   gradients computed on the current weights; $\tau = \infty$ is asynchronous. Nobody waits,
+#   and the work that went into a dropped gradient is lost.
+#
+# The literature's bound on staleness works the other way round. In **bounded delay** (Li et al.,
+# OSDI 2014) a worker may not start a task until every task started $\tau$ steps earlier has
+# finished; in **stale synchronous parallel**, SSP (Ho et al., NIPS 2013), a worker may run at most
+# $\tau$ clock ticks ahead of the slowest. Either way the fast workers *wait*: every gradient
+# computed is applied and none is thrown away, and $\tau = 0$ is synchronous SGD again. A drop
+# rule caps the same age without making anyone wait, at the price of discarded work.
 #
 # ### Your admission rule
 #
@@ -762,10 +770,11 @@ plt.show()
 # %% [markdown]
 # Read the table: synchronous SGD is exact and takes as long as 60 of the slowest worker's steps;
 # asynchronous SGD is many times faster in wall time but applies gradients many versions old,
-# and at this learning rate its final loss suffers; bounded staleness keeps the speed while
-# capping the age, at the price of the slow worker's rejected (wasted) gradients. Note also who
-# does the work: the fast workers make most updates, so their shards of the data weigh more —
-# another bias asynchrony brings.
+# and at this learning rate its final loss suffers; the drop rule keeps the speed while capping
+# the age, at the price of the slow worker's rejected (wasted) gradients. Bounded delay or SSP
+# would apply those gradients and make the fast workers wait for the slow one instead. Note also
+# who does the work: the fast workers make most updates, so their shards of the data weigh more
+# — another bias asynchrony brings.
 
 # %% nbgrader={"grade_id": "parameter_server", "grade": true, "points": 1}
 from fastdl_lab.distributed import ps, run_world
@@ -1444,8 +1453,9 @@ print("each rank's output:", [tuple(r["y"].shape) for r in per_rank], "— its t
 # - The ring all-reduce sends $2\frac{N-1}{N}$ times the tensor per rank, independently of $N$:
 #   reduce-scatter, then all-gather, with non-blocking sends to avoid deadlock and chunks that
 #   respect the remainder.
-# - A parameter server trades exactness for never waiting; bounded staleness caps how old an
-#   applied gradient may be.
+# - A parameter server trades exactness for never waiting. A drop rule caps how old an applied
+#   gradient may be by discarding older ones; bounded delay and SSP cap it by making the fast
+#   workers wait.
 # - ZeRO shards what data parallelism replicates: optimizer state (stage 1) cuts Adam's 16 bytes
 #   per parameter towards 4. Wrapping the real optimizer keeps the weights bit for bit those of
 #   the unsharded one; reduce-scatter and all-gather instead of all-reduce and broadcast keep the

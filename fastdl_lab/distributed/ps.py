@@ -1,4 +1,4 @@
-"""A parameter server with synchronous, asynchronous and bounded-staleness SGD (lab 07).
+"""A parameter server with synchronous, asynchronous and staleness-capped (drop rule) SGD (lab 07).
 
 Rank 0 is the server and owns the weights of a linear regression; ranks 1..K are workers, each
 with its own shard of the data. A worker pulls the weights, computes the gradient of its shard's
@@ -14,7 +14,10 @@ whichever worker speaks first (``recv`` without a source).
   replaced: its *staleness* is the server's version minus the version it was computed on;
 - **bounded**: as async, but a gradient is applied only if the rule (``rule=``, by default
   ``bounded_staleness_rule_ref``) admits it; otherwise the worker is sent the current weights
-  and recomputes. Every applied gradient is then at most ``tau`` versions old.
+  and recomputes. Every applied gradient is then at most ``tau`` versions old. This is a drop
+  rule: nobody waits and a refused gradient's work is lost. Bounded delay (Li et al., OSDI 2014)
+  and stale synchronous parallel (Ho et al., NIPS 2013) keep the same bound by making a fast
+  worker wait for the slow ones instead, and apply every gradient.
 
 The server records the staleness of every applied gradient. Artificial per-worker delays
 (``worker_delays``, seconds of sleep before each gradient) make asynchrony visible even on two
