@@ -1211,7 +1211,8 @@ assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
 # %% [markdown]
 # **Mixed precision.** FSDP's usual setting computes in bf16 while the optimizer updates fp32
 # *master* shards: each gather moves the shards cast to bf16 (half the bytes), the unit's
-# arithmetic runs in bf16, and the gradient is reduce-scattered in fp32 into the fp32 shard. Your
+# arithmetic runs in bf16, and the gradient is reduce-scattered in fp32 into the fp32 shard (the
+# full bytes): $2 + 2 + 4 = 8$ bytes per parameter and step where fp32 moves $4 + 4 + 4 = 12$. Your
 # class already has `compute_dtype`. The yardstick is the same training in one process that
 # rounds where FSDP rounds: each rank's slice of the batch in bf16, the gradients averaged in fp32
 # (`fsdp.train_reference(..., compute_dtype=torch.bfloat16, world_size=2)`); FSDP must be no
@@ -1464,8 +1465,9 @@ print("each rank's output:", [tuple(r["y"].shape) for r in per_rank], "— its t
 #   that pays off up to a critical batch size, and no further.
 # - FSDP (ZeRO-3) shards the weights and gradients too: each unit is gathered before its forward
 #   and again before its backward, and freed after each by resizing its storage to nothing, so a
-#   rank holds $1/N$ of the model plus a unit or two; gathering in bf16 with fp32 master shards
-#   halves the traffic.
+#   rank holds $1/N$ of the model plus a unit or two. Gathering in bf16 with fp32 master shards
+#   halves the all-gathers only: with the gradient reduce-scattered in fp32, a step moves 8 bytes
+#   per parameter instead of 12 (two gathers and one reduce-scatter), two thirds of the traffic.
 # - Tensor parallelism splits each layer's matrices: a column- then row-parallel MLP costs one
 #   all-reduce in forward and one in backward. Pipeline and sequence parallelism split the layers
 #   and the tokens, each with its own communication pattern and reach.
