@@ -952,20 +952,25 @@ for world_size in (1, 2, 3, 4):
 # ## 7. Backends, and what a larger batch buys
 #
 # Every collective so far went through **gloo**, one of the backends `torch.distributed` can
-# sit on. Which operations a backend offers depends on where the tensors live. From the
-# `torch.distributed` documentation (PyTorch 2.x; ✓ available, ✘ not, ? only when the MPI
-# library PyTorch was built against is CUDA-aware):
+# sit on. Which operations a backend offers depends on where the tensors live. From the backend
+# table of the `torch.distributed` documentation (PyTorch 2.x docs as of early 2026, without their
+# XCCL columns; ✓ available, ✘ not, ? only when the MPI library PyTorch was built against is
+# CUDA-aware):
 #
 # | operation | gloo, CPU | gloo, GPU | MPI, CPU | MPI, GPU | NCCL, CPU | NCCL, GPU |
 # |---|---|---|---|---|---|---|
 # | send / recv | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
 # | broadcast, all_reduce, reduce | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
-# | all_gather, gather, scatter, all_to_all | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
+# | all_gather, gather, scatter | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
 # | reduce_scatter | ✓ | ✓ | ✘ | ✘ | ✘ | ✓ |
+# | all_to_all | ✘ | ✘ | ✓ | ? | ✘ | ✓ |
 # | barrier | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
 #
+# gloo has since gained `all_to_all` (pytorch/pytorch#165435): the torch 2.13 this course installs
+# runs it on CPU tensors, though the table above does not list it yet.
+#
 # Reading it: NCCL works on GPU tensors only, and is the one to use between GPUs (it alone drives
-# NVLink, InfiniBand and GPUDirect); gloo covers everything on CPU tensors, which is why this lab
+# NVLink, InfiniBand and GPUDirect); gloo covers the rest on CPU tensors, which is why this lab
 # runs anywhere, and a subset on GPU tensors, more slowly than NCCL; MPI exists only in a PyTorch
 # built from source on a machine with MPI installed, and has no reduce-scatter, the collective
 # ZeRO and FSDP lean on. gloo and NCCL come with the usual Linux builds (NCCL with the CUDA ones).
