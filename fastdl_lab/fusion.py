@@ -87,7 +87,8 @@ def repeated_multiply(x: torch.Tensor, k: int) -> torch.Tensor:
 def repeated_multiply_compiled(k: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The same chain compiled by torch.compile into one kernel: one read, one write, ``k`` FLOPs."""
     # One FX graph per k rather than a compiled Python loop: dynamo caches its work per code
-    # object and, after 8 values of k for one loop, stops recompiling and silently runs eagerly.
+    # object, recompiles for every value of a loop count, and after 8 of them (recompile_limit)
+    # logs a warning and runs that code eagerly from then on.
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     for _ in range(k):

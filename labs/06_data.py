@@ -175,8 +175,9 @@ print(f"{flops / 1e6:.1f} MFLOP per step in {step_s * 1e3:.2f} ms: {achieved * 1
 # - `train_fast(model, optimizer, loader, *, steps, device)` trains for `steps` batches and
 #   returns the per-step losses **as one tensor on the device**. Inside the loop: no `.item()`,
 #   no `float()`, no host metrics, no tensor made from Python data, no loop over the batch.
-#   Batches go to the device with `non_blocking=True`. The class weights (`CLASS_WEIGHTS` below:
-#   write them as a literal constant in your cell) are made into a tensor once, before the loop.
+#   Batches go to the device with `non_blocking=True`. The class weights (`loop.CLASS_WEIGHTS`,
+#   printed below; your cell has them as the literal constant `LOSS_WEIGHTS`) are made into a
+#   tensor once, before the loop.
 #   When `steps` is more than one epoch, go on with the next epoch, as `train_slow` does.
 #
 # It must compute exactly what `train_slow` computes: the same batches in the same order, the

@@ -715,9 +715,17 @@ plt.show()
 #   slow worker's gradient was computed on weights several versions old. Its **staleness** is the
 #   server's version minus the version it was computed on; stale gradients point where the loss
 #   *used* to go down, and with a large learning rate they make training oscillate or diverge.
-# - **Bounded staleness** (bounded delay): a gradient more than $\tau$ versions old is not
+# - **A drop rule** (the `bounded` mode here): a gradient more than $\tau$ versions old is not
 #   applied; its worker must pull the current weights and recompute. $\tau = 0$ admits only
-#   gradients computed on the current weights; $\tau = \infty$ is asynchronous.
+#   gradients computed on the current weights; $\tau = \infty$ is asynchronous. Nobody waits,
+#   and the work that went into a dropped gradient is lost.
+#
+# The literature's bound on staleness works the other way round. In **bounded delay** (Li et al.,
+# OSDI 2014) a worker may not start a task until every task started $\tau$ steps earlier has
+# finished; in **stale synchronous parallel**, SSP (Ho et al., NIPS 2013), a worker may run at most
+# $\tau$ clock ticks ahead of the slowest. Either way the fast workers *wait*: every gradient
+# computed is applied and none is thrown away, and $\tau = 0$ is synchronous SGD again. A drop
+# rule caps the same age without making anyone wait, at the price of discarded work.
 #
 # ### Your admission rule
 #
@@ -762,10 +770,11 @@ plt.show()
 # %% [markdown]
 # Read the table: synchronous SGD is exact and takes as long as 60 of the slowest worker's steps;
 # asynchronous SGD is many times faster in wall time but applies gradients many versions old,
-# and at this learning rate its final loss suffers; bounded staleness keeps the speed while
-# capping the age, at the price of the slow worker's rejected (wasted) gradients. Note also who
-# does the work: the fast workers make most updates, so their shards of the data weigh more —
-# another bias asynchrony brings.
+# and at this learning rate its final loss suffers; the drop rule keeps the speed while capping
+# the age, at the price of the slow worker's rejected (wasted) gradients. Bounded delay or SSP
+# would apply those gradients and make the fast workers wait for the slow one instead. Note also
+# who does the work: the fast workers make most updates, so their shards of the data weigh more
+# — another bias asynchrony brings.
 
 # %% nbgrader={"grade_id": "parameter_server", "grade": true, "points": 1}
 from fastdl_lab.distributed import ps, run_world
@@ -792,12 +801,10 @@ for _hidden_tau in (0, 3):
 # %% [markdown]
 # ### Waiting instead of discarding: stale synchronous parallel
 #
-# The rule above is a **drop** rule: a gradient that is too old is thrown away and its worker's
-# work with it. The table shows the cost: the slow worker's gradients are the ones rejected, so
-# its shard of the data barely reaches the weights, and a worker slow enough would never
-# contribute at all. The bounded delay of the parameter-server papers is a different mechanism:
-# **stale synchronous parallel** (SSP; Ho et al., NIPS 2013) and the bounded-delay consistency
-# model of Li et al. (OSDI 2014) make a worker that runs ahead **wait**; nothing is discarded.
+# The table above shows what the drop rule costs: the slow worker's gradients are the ones
+# rejected, so its shard of the data barely reaches the weights, and a worker slow enough would
+# never contribute at all. SSP, as introduced at the start of this section, makes a worker that
+# runs ahead **wait** instead, and discards nothing.
 #
 # Each worker has a **clock**: the number of its gradients the server has applied. A worker about
 # to start iteration $c$ (its clock is $c$) may start only once every worker has finished the
@@ -1058,20 +1065,25 @@ for world_size in (1, 2, 3, 4):
 # ## 7. Backends, and what a larger batch buys
 #
 # Every collective so far went through **gloo**, one of the backends `torch.distributed` can
-# sit on. Which operations a backend offers depends on where the tensors live. From the
-# `torch.distributed` documentation (PyTorch 2.x; ✓ available, ✘ not, ? only when the MPI
-# library PyTorch was built against is CUDA-aware):
+# sit on. Which operations a backend offers depends on where the tensors live. From the backend
+# table of the `torch.distributed` documentation (PyTorch 2.x docs as of early 2026, without their
+# XCCL columns; ✓ available, ✘ not, ? only when the MPI library PyTorch was built against is
+# CUDA-aware):
 #
 # | operation | gloo, CPU | gloo, GPU | MPI, CPU | MPI, GPU | NCCL, CPU | NCCL, GPU |
 # |---|---|---|---|---|---|---|
 # | send / recv | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
 # | broadcast, all_reduce, reduce | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
-# | all_gather, gather, scatter, all_to_all | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
+# | all_gather, gather, scatter | ✓ | ✓ | ✓ | ? | ✘ | ✓ |
 # | reduce_scatter | ✓ | ✓ | ✘ | ✘ | ✘ | ✓ |
+# | all_to_all | ✘ | ✘ | ✓ | ? | ✘ | ✓ |
 # | barrier | ✓ | ✘ | ✓ | ? | ✘ | ✓ |
 #
+# gloo has since gained `all_to_all` (pytorch/pytorch#165435): the torch 2.13 this course installs
+# runs it on CPU tensors, though the table above does not list it yet.
+#
 # Reading it: NCCL works on GPU tensors only, and is the one to use between GPUs (it alone drives
-# NVLink, InfiniBand and GPUDirect); gloo covers everything on CPU tensors, which is why this lab
+# NVLink, InfiniBand and GPUDirect); gloo covers the rest on CPU tensors, which is why this lab
 # runs anywhere, and a subset on GPU tensors, more slowly than NCCL; MPI exists only in a PyTorch
 # built from source on a machine with MPI installed, and has no reduce-scatter, the collective
 # ZeRO and FSDP lean on. gloo and NCCL come with the usual Linux builds (NCCL with the CUDA ones).
@@ -1317,7 +1329,8 @@ assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
 # %% [markdown]
 # **Mixed precision.** FSDP's usual setting computes in bf16 while the optimizer updates fp32
 # *master* shards: each gather moves the shards cast to bf16 (half the bytes), the unit's
-# arithmetic runs in bf16, and the gradient is reduce-scattered in fp32 into the fp32 shard. Your
+# arithmetic runs in bf16, and the gradient is reduce-scattered in fp32 into the fp32 shard (the
+# full bytes): $2 + 2 + 4 = 8$ bytes per parameter and step where fp32 moves $4 + 4 + 4 = 12$. Your
 # class already has `compute_dtype`. The yardstick is the same training in one process that
 # rounds where FSDP rounds: each rank's slice of the batch in bf16, the gradients averaged in fp32
 # (`fsdp.train_reference(..., compute_dtype=torch.bfloat16, world_size=2)`); FSDP must be no
@@ -1559,8 +1572,9 @@ print("each rank's output:", [tuple(r["y"].shape) for r in per_rank], "— its t
 # - The ring all-reduce sends $2\frac{N-1}{N}$ times the tensor per rank, independently of $N$:
 #   reduce-scatter, then all-gather, with non-blocking sends to avoid deadlock and chunks that
 #   respect the remainder.
-# - A parameter server trades exactness for never waiting; bounded staleness caps how old an
-#   applied gradient may be.
+# - A parameter server trades exactness for never waiting. A drop rule caps how old an applied
+#   gradient may be by discarding older ones; bounded delay and SSP cap it by making the fast
+#   workers wait.
 # - ZeRO shards what data parallelism replicates: optimizer state (stage 1) cuts Adam's 16 bytes
 #   per parameter towards 4. Wrapping the real optimizer keeps the weights bit for bit those of
 #   the unsharded one; reduce-scatter and all-gather instead of all-reduce and broadcast keep the
@@ -1569,8 +1583,9 @@ print("each rank's output:", [tuple(r["y"].shape) for r in per_rank], "— its t
 #   that pays off up to a critical batch size, and no further.
 # - FSDP (ZeRO-3) shards the weights and gradients too: each unit is gathered before its forward
 #   and again before its backward, and freed after each by resizing its storage to nothing, so a
-#   rank holds $1/N$ of the model plus a unit or two; gathering in bf16 with fp32 master shards
-#   halves the traffic.
+#   rank holds $1/N$ of the model plus a unit or two. Gathering in bf16 with fp32 master shards
+#   halves the all-gathers only: with the gradient reduce-scattered in fp32, a step moves 8 bytes
+#   per parameter instead of 12 (two gathers and one reduce-scatter), two thirds of the traffic.
 # - Tensor parallelism splits each layer's matrices: a column- then row-parallel MLP costs one
 #   all-reduce in forward and one in backward. Pipeline and sequence parallelism split the layers
 #   and the tokens, each with its own communication pattern and reach.

@@ -167,9 +167,12 @@ print(f"at {sizes[-1]} rows: {loop_s[-1] / vec_s[-1]:.0f}x")
 #
 # Use only calls pandas and cuDF share: boolean masks, `.str.strip()`, `.str.lower()`, `.isin`,
 # `.where`, `.dt.hour`, `.merge`, `.fillna`, `.assign`, `.groupby(...).agg({...})`, `.rename`,
-# `.reset_index`. **No `.apply` with a Python function**: cuDF cannot run Python per row on the
-# GPU. The grader compares your table with the reference on hidden trips, ignoring row and column
-# order, with a tolerance on floats.
+# `.reset_index`. **No `.apply` with a Python function**: pandas runs it in the interpreter, once
+# per row, and cuDF runs it only if Numba can compile it into a GPU kernel (`Series.apply`,
+# `DataFrame.apply(axis=1)`: numeric, boolean and datetime columns and a few string methods; no
+# arbitrary Python objects or library calls), so the same function can be slow on one library and
+# refused by the other. The grader compares your table with the reference on hidden trips,
+# ignoring row and column order, with a tolerance on floats.
 
 # %% nbgrader={"grade_id": "etl_code", "solution": true}
 def prepare(trips, zones):
@@ -409,7 +412,9 @@ else:
 #   column. That is the first and largest speed-up, on any hardware.
 # - pandas and cuDF (and scikit-learn and cuML) share their APIs: a pipeline written against the
 #   common calls runs on either, and moving it to the GPU is a matter of where the frame lives.
-#   `.apply` with Python functions is the usual thing that does not move.
+#   `.apply` with a Python function is the usual thing that does not move whole: cuDF compiles it
+#   with Numba only when it sticks to numbers, booleans, dates and a few string methods, and
+#   `cudf.pandas` runs the rest on the CPU.
 # - A left join keeps rows whose key has no match; an inner join drops them silently. Means skip
 #   missing values; filling them with 0 first changes the answer.
 # - Past one device, the same operations run per partition and combine: write aggregations whose

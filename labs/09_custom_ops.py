@@ -461,8 +461,12 @@ torch.testing.assert_close(fake_quant(torch.tensor([3.0, -3.0]), torch.tensor(1.
 # ## 5. Inference-time fusion
 #
 # At inference, BatchNorm is an affine map with frozen statistics: fold it into the Linear (or
-# convolution) before it, as lab 02 did for Conv+BN, and it costs nothing. `torch.compile` goes
-# further and fuses the remaining elementwise work into the matmuls' epilogues.
+# convolution) before it, as lab 02 did for Conv+BN, and it costs nothing. `torch.compile` then
+# fuses the elementwise work that remains, though by default not into the matmuls: Inductor calls
+# each matmul as an external library kernel and fuses the elementwise ops after it into a
+# separate generated kernel. Fusing them into the matmul's epilogue needs template GEMMs, which
+# Inductor generates itself only under `mode="max-autotune"`, and keeps only where autotuning
+# finds a template faster than the library call.
 
 # %%
 model = fusion.bn_mlp(seed=0).eval()

@@ -10,7 +10,7 @@
   process group, starting states, a step's timeline);
 - ``ring``: ring all-reduce from send/recv, the bytes each rank sends, and the alpha-beta cost of
   ring, tree and root-based all-reduces;
-- ``ps``: a parameter server with synchronous, asynchronous and bounded-staleness SGD;
+- ``ps``: a parameter server with synchronous, asynchronous and staleness-capped SGD (a drop rule);
 - ``zero``: ``Zero1``, any torch optimizer with its state sharded across the ranks (ZeRO stage 1);
 - ``fsdp``: ``FSDPUnit``, weights, gradients and optimizer state sharded (ZeRO stage 3), with
   ``census`` measuring what each rank holds and sends;

@@ -1,4 +1,4 @@
-"""A parameter server with synchronous, asynchronous, bounded-staleness and SSP SGD (lab 07).
+"""A parameter server with synchronous, asynchronous, staleness-capped (a drop rule) and SSP SGD (lab 07).
 
 Rank 0 is the server and owns the weights of a linear regression; ranks 1..K are workers, each
 with its own shard of the data. A worker pulls the weights, computes the gradient of its shard's
@@ -15,11 +15,11 @@ whichever worker speaks first (``recv`` without a source).
 - **bounded**: as async, but a gradient is applied only if the rule (``rule=``, by default
   ``bounded_staleness_rule_ref``) admits it; otherwise the worker is sent the current weights
   and recomputes. Every applied gradient is then at most ``tau`` versions old. This is a *drop*
-  rule: the work of a rejected gradient is thrown away, and a worker slow enough never to be
-  within ``tau`` would never contribute;
-- **ssp**: bounded delay, or stale synchronous parallel (Ho et al., NIPS 2013; Li et al., OSDI
-  2014): every gradient is applied as it arrives, none is discarded, and a worker that runs ahead
-  *waits*. Each worker has a clock, the number of its gradients applied; a worker may start
+  rule: nobody waits, the work of a refused gradient is lost, and a worker slow enough never to
+  be within ``tau`` would never contribute;
+- **ssp**: stale synchronous parallel (Ho et al., NIPS 2013), the bounded delay of Li et al.
+  (OSDI 2014): every gradient is applied as it arrives, none is discarded, and a worker that runs
+  ahead *waits*. Each worker has a clock, the number of its gradients applied; a worker may start
   iteration ``c`` only once every worker has finished iterations before ``c - tau`` (the start
   rule, ``start_rule=``, by default ``ssp_may_start_ref``), else the server holds its answer
   until the slowest catches up. ``tau = 0`` is bulk-synchronous (every worker waits for the

@@ -3,7 +3,9 @@ row loop against its vectorised form.
 
 Every call here exists in both libraries with the same meaning: boolean masks, ``.str`` and
 ``.dt`` accessors, ``where``, ``merge`` and ``groupby().agg``. Nothing calls ``.apply`` with a
-Python function, which cuDF cannot run on the GPU.
+Python function: pandas interprets it once per row, and cuDF runs it on the GPU only if Numba can
+compile it (numbers, booleans, dates and a few string methods; no arbitrary Python objects or
+library calls).
 """
 
 from __future__ import annotations
