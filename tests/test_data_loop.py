@@ -131,9 +131,11 @@ def test_labels_and_lengths():
 
 
 def test_planted_inefficiencies_and_solution_regions():
-    assert len(loop._PLANTED) == 6 and "six things in it are slow" in loop.__doc__.strip().splitlines()[-1]
+    assert len(loop.planted_inefficiencies()) == 6
+    assert "six things in it are slow" in loop.__doc__.strip().splitlines()[-1]
     root = Path(loop.__file__).parent
-    for module, graded in [("loop.py", {"make_loader", "train_fast"}), ("profile.py", set()),
+    # The answer key of the hunt is a solution too: the student copy only names where to look.
+    for module, graded in [("loop.py", {"make_loader", "train_fast", "planted_inefficiencies"}), ("profile.py", set()),
                            ("syncs.py", set())]:
         source = (root / module).read_text()
         stubbed = {node.name for node in ast.walk(ast.parse(strip_solutions(source)))

@@ -29,20 +29,26 @@ from fastdl_lab.data.text import pad_collate, pad_to_max_collate
 # Per-class loss weights, as a task with rarer classes would set them.
 CLASS_WEIGHTS = [1.0, 2.0, 0.5, 1.5]
 
-_PLANTED = {
-    "single-process loading": "num_workers=0 and no pin_memory: collating and padding run on the training "
-                              "thread between steps, and every batch is copied from pageable memory, blocking",
-    "padding to the dataset's longest": "every batch is padded to the longest sequence of the whole dataset, so "
-                                        "most of the embedding and pooling work is on padding",
-    "loss.item() every step": "reading the loss back makes the host wait for the device at every step, so the "
-                              "next step cannot be queued while this one runs",
-    "accuracy on host copies every step": "sklearn's accuracy_score needs NumPy arrays: two copies to the host "
-                                          "and a sync per step for a figure nobody reads that often",
-    "class weights rebuilt every step": "a tensor made from the Python list and moved to the device each step: an "
-                                        "upload (and, from pageable memory, a wait) for a constant",
-    "per-sample loss loop": "a Python loop over the batch launches several small ops per sample, forward and "
-                            "backward, where one weighted cross_entropy does the batch",
-}
+
+def planted_inefficiencies() -> dict[str, str]:
+    """The six slow things in ``train_slow``, each named and explained: the answer to lab 06's hunt,
+    kept out of the student copy of the package like every other solution."""
+    ### BEGIN SOLUTION
+    return {
+        "single-process loading": "num_workers=0 and no pin_memory: collating and padding run on the training "
+                                  "thread between steps, and every batch is copied from pageable memory, blocking",
+        "padding to the dataset's longest": "every batch is padded to the longest sequence of the whole dataset, so "
+                                            "most of the embedding and pooling work is on padding",
+        "loss.item() every step": "reading the loss back makes the host wait for the device at every step, so the "
+                                  "next step cannot be queued while this one runs",
+        "accuracy on host copies every step": "sklearn's accuracy_score needs NumPy arrays: two copies to the host "
+                                              "and a sync per step for a figure nobody reads that often",
+        "class weights rebuilt every step": "a tensor made from the Python list and moved to the device each step: an "
+                                            "upload (and, from pageable memory, a wait) for a constant",
+        "per-sample loss loop": "a Python loop over the batch launches several small ops per sample, forward and "
+                                "backward, where one weighted cross_entropy does the batch",
+    }
+    ### END SOLUTION
 
 
 class TextClassifier(nn.Module):
