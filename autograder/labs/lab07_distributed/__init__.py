@@ -112,7 +112,7 @@ LAB = LabSpec(
         # One comparison, so one point; the runs around it check that the server honours it.
         _item("parameter_server", 1, "ps_code", ps_inputs, ranks.ps_rank, ps_check, ("bounded_staleness_rule",),
               _worlds(ps_sizes, ps_rank_inputs), kind="mechanism",
-              description="bounded staleness never exceeds tau and converges"),
+              description="drop rule: no gradient older than tau applied; convergence (the runs self-reported)"),
         _item("ssp", 1, "ssp_code", ssp_inputs, ranks.ssp_rank, ssp_check, ("ssp_may_start",),
               _worlds(ps_sizes, ps_rank_inputs), kind="mechanism",
               description="SSP: a worker starts only within tau iterations of the slowest; nothing discarded, no "
