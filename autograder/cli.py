@@ -179,7 +179,9 @@ def cmd_demo(args) -> int:
     labs.sort(key=lambda lab: -max(item.build_s for item in lab.items))
     jobs = [(lab.name, student) for lab in labs for student in demo_students(course, lab.name)]
     profile, seed = profiles.load(args.profile), _seed(args)
+    built = time.monotonic()
     summary = _grade(course, jobs, args, profile=profile, seed=seed)
+    graded = time.monotonic()
     failures = list(summary.failures)
     made = Progress(len(jobs), desc="feedback")
     try:
@@ -197,7 +199,9 @@ def cmd_demo(args) -> int:
     names = " ".join(lab.name for lab in sorted(labs, key=lambda lab: lab.name))
     _print_seed(f"{_course_option(args)}demo {names}", seed, profile)
     print(f"\nreport: {csv_path}\nrecords: {record_path}\nfeedback: {course.root / 'feedback'}")
-    print(f"demo took {time.monotonic() - started:.0f} s")
+    ended = time.monotonic()
+    print(f"demo took {ended - started:.0f} s: building the course {built - started:.0f} s, grading "
+          f"{graded - built:.0f} s, feedback and report {ended - graded:.0f} s")
     return 0
 
 
