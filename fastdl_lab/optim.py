@@ -9,7 +9,9 @@ and, for a model of many small tensors, by the number of kernel launches.
   whatever their number: their addresses travel in int64 tables in device memory, with a chunk
   table saying which tensor and elements each program owns (``multi_tensor_table``);
 - ``AdamW``: a ``torch.optim.Optimizer`` on any of the three, with optional fp32 master weights,
-  in which updates too small for a bf16 or fp16 parameter accumulate instead of vanishing.
+  in which updates too small for a bf16 or fp16 parameter accumulate instead of vanishing;
+- ``compiled_step_graphs``: torch's own AdamW step under ``torch.compile``, and what a learning-rate
+  schedule does to its graphs.
 """
 
 from __future__ import annotations
@@ -374,6 +376,50 @@ def ptx(capability: int = 90, dtype: torch.dtype = torch.float32, has_master: bo
         block: int | None = None, aligned: bool = True) -> str:
     """PTX of ``compiled(...)``."""
     return compiled(capability, dtype, has_master, kernel=kernel, block=block, aligned=aligned).asm["ptx"]
+
+
+def compiled_step_graphs(lr_as_tensor: bool, steps: int = 6, layers: int = 4, d: int = 64,
+                         backend: str | Callable | None = None) -> dict:
+    """``torch.optim.AdamW.step`` under ``torch.compile``, with a ``LinearLR`` schedule changing the
+    learning rate every step: how many graphs Dynamo made, and each step's wall time.
+
+    A Python float learning rate enters the first graph as a constant, so the scheduler's first
+    change recompiles (Dynamo then treats the float as a symbol); a 0-d tensor learning rate is an
+    input from the start, one graph for every step. ``backend`` defaults to one that counts the
+    graphs and runs them as traced (no code generation, so the count costs only tracing); give
+    ``"inductor"`` to time generated code, whose graphs this then does not count (``graphs`` None).
+    Returns ``graphs`` and ``seconds`` (per step, the first including tracing and compiling).
+    """
+    import time
+
+    torch._dynamo.reset()  # graphs of an earlier call would be reused, and not counted
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(d, d, generator=gen)) for _ in range(layers)]
+    for p in params:
+        p.grad = torch.randn(d, d, generator=gen)
+    lr = torch.tensor(1e-3) if lr_as_tensor else 1e-3
+    opt = torch.optim.AdamW(params, lr=lr)
+    schedule = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=steps)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    counted = backend is None
+
+    @torch.compile(backend=counting if counted else backend)
+    def step():
+        opt.step()
+
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+        schedule.step()
+    torch._dynamo.reset()
+    return {"graphs": len(graphs) if counted else None, "seconds": seconds}
 
 
 def adamw_bytes(numel: int, param_dtype: torch.dtype, has_master: bool) -> int:

@@ -112,6 +112,32 @@ for name in ("fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3"):
     print(f"{name:<9} flushes {lost:7.2%} of these gradients to zero")
 
 # %% [markdown]
+# The same spread as a histogram of $\log_2 |g|$, with each format's smallest subnormal: what lies
+# left of a format's line is zero in it (half the subnormal, really: round to nearest). Loss scaling
+# multiplies every gradient by $S$ before backward, which shifts the whole histogram right by
+# $\log_2 S$ binades; the orange copy is the spread at $S = 2^{16}$. Where 13% of the gradients were
+# below fp16's line, none is now, and the largest (about $2^{12.5}$) is still below fp16's largest
+# value, 65504 (just under $2^{16}$). Scale much further and the largest gradients overflow instead:
+# a dynamic scaler grows $S$ until that happens, then backs off. (bf16's and fp32's smallest
+# subnormals are off the plot, far to the left: $2^{-133}$ and $2^{-149}$.)
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.4))
+bins = torch.arange(-45.0, 21.0).tolist()
+log2_spread = spread.abs().log2()
+ax.hist(log2_spread.tolist(), bins=bins, alpha=0.6, label="gradients")
+ax.hist((log2_spread + 16).tolist(), bins=bins, alpha=0.5, label="× $2^{16}$ (loss scaling)")
+for name, color in (("fp16", "C3"), ("fp8_e5m2", "C4"), ("fp8_e4m3", "C2")):
+    ax.axvline(math.log2(amp.FORMATS[name].smallest_subnormal), color=color, linestyle="--",
+               label=f"{name} smallest subnormal")
+ax.axvline(math.log2(amp.FORMATS["fp16"].max), color="C3", linestyle=":", label="fp16 largest value")
+ax.set_xlabel("$\\log_2 |g|$")
+ax.set_ylabel("gradients")
+ax.legend(fontsize=7, loc="upper right")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ### Precision: an update rounded away, a sum that stops growing
 #
 # A weight of 1.0 receives the update $-\text{lr}\cdot g = -10^{-4}$. In fp32 it moves. In bf16 the
@@ -840,6 +866,42 @@ assert _launches(40) == [1, 1, 1], f"launches per step with 40 tensors: {_launch
 
 # %%
 print(triton_aot.ptx_summary(optim.ptx(90, kernel=fused_adamw_kernel)))
+
+# %% [markdown]
+# ### Letting the compiler fuse it: `torch.compile` of `optimizer.step`
+#
+# The alternative to writing the kernel is to compile torch's own optimizer: wrap the call to
+# `opt.step()` in `torch.compile`, and Inductor turns its foreach ops into generated code (on a
+# GPU Triton kernels that each update many tensors; on a CPU C++ loops). Three limits are worth knowing
+# before relying on it:
+#
+# - **Compile time.** The first step traces the whole optimizer and generates code: seconds to
+#   minutes, paid again in every new process (Inductor's cache shortens it).
+# - **Recompiles.** Dynamo guards on the Python values it read while tracing. A float learning
+#   rate becomes a constant of the graph, so the first time a scheduler changes it, the step is
+#   traced again; give the optimizer a 0-d tensor (`lr=torch.tensor(1e-3)`) and the rate is an
+#   input of one graph instead (PyTorch's compiled-optimizer recipe says the same).
+# - **What it cannot fuse.** It generates the same elementwise work your kernel does, but the
+#   grouping into launches is Inductor's, and an optimizer with data-dependent Python (a `.item()`,
+#   a branch on a tensor's value) breaks the graph.
+#
+# `optim.compiled_step_graphs` counts the graphs Dynamo makes for `torch.optim.AdamW` under a
+# `LinearLR` schedule, with a backend that only counts (no code generated), so the count is cheap:
+
+# %%
+if QUICK:
+    print("skipped under FASTDL_QUICK: tracing the optimizer takes several seconds")
+else:
+    for as_tensor in (False, True):
+        graphs = optim.compiled_step_graphs(lr_as_tensor=as_tensor)
+        steps = ", ".join(f"{s:.3f}" for s in graphs["seconds"])
+        kind = "a tensor" if as_tensor else "a float "
+        print(f"lr as {kind}: {graphs['graphs']} graph(s); seconds per step: {steps}")
+# Generated code too: True pays Inductor's compile (74 s for the first step on a busy 2-core machine).
+WITH_INDUCTOR = False
+if WITH_INDUCTOR and not QUICK:
+    inductor = optim.compiled_step_graphs(True, steps=3, backend="inductor")
+    print("inductor, seconds per step:", ", ".join(f"{s:.3f}" for s in inductor["seconds"]))
 
 # %% [markdown]
 # ### On a GPU: fused against `torch._foreach`

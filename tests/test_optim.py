@@ -452,3 +452,11 @@ def test_bytes_per_parameter():
     assert optim.adamw_bytes(10, torch.float32, False) == 280
     assert optim.adamw_bytes(10, torch.bfloat16, True) == 280
     assert optim.adamw_bytes(10, torch.bfloat16, False) == 220
+
+
+def test_a_float_learning_rate_recompiles_the_compiled_step_and_a_tensor_does_not():
+    # The schedule changes the rate every step: a float baked into the first graph forces at
+    # least one more; a tensor is an input of the one graph.
+    as_float, as_tensor = optim.compiled_step_graphs(False), optim.compiled_step_graphs(True)
+    assert as_float["graphs"] >= 2 and as_tensor["graphs"] == 1
+    assert len(as_float["seconds"]) == len(as_tensor["seconds"]) == 6
