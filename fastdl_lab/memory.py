@@ -1,5 +1,6 @@
 """Memory measured as mechanism: bytes autograd saves for backward, what a function keeps and
-creates, and the GPU's peak.
+creates, and the GPU's peak; and what a memory pool saves (``fresh_vs_reused``,
+``caching_allocator_steps``).
 
 Shared by every lab that grades memory (02 fusion's ConvBN, 05 flash attention): on the CPU the
 saved-tensor count and ``footprint``'s figures are deterministic; the allocator's peak exists only
@@ -191,3 +192,43 @@ def _saved_storages(fn: Callable, args) -> tuple:
     for t in _ctx_tensors(out):
         storages[_storage_key(t)] = t.untyped_storage().nbytes()
     return out, storages
+
+
+def fresh_vs_reused(megabytes: float, reps: int = 15):
+    """The cost of a fresh output buffer: ``torch.add(a, b)`` (a new tensor each call) A/B-timed
+    against ``torch.add(a, b, out=buffer)`` (the same buffer every call), on float32 vectors of
+    ``megabytes``. On the CPU glibc's malloc serves blocks up to its mmap threshold (32 MiB at most)
+    from memory it keeps, a pool; above it every call maps fresh pages from the kernel and faults
+    on each as the sum first writes it. Returns ``timing.compare``'s ``Comparison`` (candidate:
+    fresh, baseline: reused), in one thread."""
+    from fastdl_lab import timing
+
+    n = int(megabytes * (1 << 20)) // 4
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    buffer = torch.empty(n)
+    return timing.compare(lambda: torch.add(a, b), lambda: torch.add(a, b, out=buffer), reps=reps, threads=1)
+
+
+def caching_allocator_steps(steps: int = 5, megabytes: int = 64) -> list[dict] | None:
+    """On a GPU: a training-like loop whose temporary (``megabytes`` a step, freed at the step's end)
+    sits beside a persistent tensor; per step the bytes tensors hold (``allocated``), the bytes the
+    caching allocator has taken from the driver (``reserved``) and how many times it has called
+    ``cudaMalloc`` so far (``driver_mallocs``). None without a GPU."""
+    if not device.has_gpu():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+    n = megabytes * (1 << 20) // 4
+    persistent = torch.zeros(n, device="cuda")
+    rows = []
+    for _ in range(steps):
+        temporary = torch.randn(n, device="cuda")
+        persistent += temporary
+        del temporary
+        stats = torch.cuda.memory_stats()
+        rows.append({"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+                     "driver_mallocs": stats.get("segment.all.allocated", 0) - before})
+    del persistent
+    return rows

@@ -538,3 +538,28 @@ def test_solution_regions_strip_to_stubs():
 def test_check_passes(capsys):
     amp.check()
     assert "checks passed" in capsys.readouterr().out
+
+
+def test_fresh_against_reused_output_is_timed_as_an_ab_pair():
+    from fastdl_lab import memory
+
+    cmp = memory.fresh_vs_reused(1, reps=4)
+    assert cmp.candidate.n == cmp.baseline.n == 4 and cmp.candidate.median > 0 and cmp.baseline.median > 0
+
+
+@pytest.mark.gpu
+def test_the_caching_allocator_reuses_the_temporary_after_the_first_step():
+    from fastdl_lab import memory
+
+    rows = memory.caching_allocator_steps(steps=4, megabytes=64)
+    assert rows is not None
+    assert all(r["reserved"] == rows[0]["reserved"] for r in rows)
+    assert all(r["driver_mallocs"] == rows[0]["driver_mallocs"] for r in rows)
+
+
+def test_the_caching_allocator_figures_need_a_gpu():
+    from fastdl_lab import device, memory
+
+    if device.has_gpu():
+        pytest.skip("this machine has a GPU: the gpu-marked test covers it")
+    assert memory.caching_allocator_steps() is None
