@@ -29,7 +29,7 @@ GPU_COUNT = 1
 # A home volume per user: notebooks, the fetched labs, lab 06's small data sets.
 HOME_CAPACITY = "10Gi"
 
-# jupyterhub-idle-culler: a server with no activity (no request, no busy kernel) for an hour is
-# stopped; its home stays. Checked every ten minutes.
+# jupyterhub-idle-culler: a server with no activity for an hour (no request, no message from a
+# kernel) is stopped; its home stays. Checked every ten minutes.
 CULL_TIMEOUT_S = 3600
 CULL_EVERY_S = 600

@@ -7,20 +7,9 @@ set -euo pipefail
 
 GRADER=grader-fastdl-lab
 ROSTER=${FASTDL_ROSTER:-/srv/fastdl/roster/roster.json}
+ROSTER_CSV=$(dirname "$ROSTER")/roster.csv
 ROLE=${1:?say formgrader, scheduler or worker}
 export PYTHONPATH=/opt/fastdl/instructor
-
-# nbgrader's collect compares each submission's owner with the name it is filed under. Students'
-# servers run as the uids the roster gave them; naming those uids here makes an honest submission
-# match, and leaves the warning ("cheating attempt?") for a folder filed under someone else's name.
-# Lines for names already known are not added twice (a restart after another roster import).
-if [ -f "$ROSTER" ]; then
-  python -m autograder roster passwd "$ROSTER" | while IFS= read -r line; do
-    getent passwd "${line%%:*}" >/dev/null || echo "$line" >> /etc/passwd
-  done
-else
-  echo "no roster at $ROSTER: python -m autograder roster import roster.csv --hub $ROSTER" >&2
-fi
 
 as_grader() {  # su resets PATH; nbgrader calls alembic by name
   su "$GRADER" -s /bin/bash -c "cd \"$FASTDL_COURSE_DIR\" && env PATH='$PATH' PYTHONPATH='$PYTHONPATH' $*"
@@ -38,6 +27,23 @@ case "$ROLE" in
     chmod 2770 "$FASTDL_COURSE_DIR"
     if [ ! -d "$FASTDL_COURSE_DIR/release" ]; then
       as_grader "python -m autograder --course '$FASTDL_COURSE_DIR' build"
+    fi
+    # The roster, at every start: a new roster.csv in the roster volume takes effect with a restart
+    # of this container and then of the hub. Rows it refuses are listed; the others are imported.
+    if [ -f "$ROSTER_CSV" ]; then
+      as_grader "python -m autograder --course '$FASTDL_COURSE_DIR' roster import '$ROSTER_CSV' --hub '$ROSTER'" \
+        || echo "roster: the rows above were not imported; correct them in $ROSTER_CSV and restart" >&2
+    fi
+    # nbgrader's collect, run here, compares each submission's owner with the name it is filed
+    # under. Students' servers run as the uids the roster gave them; naming those uids here makes an
+    # honest submission match, and leaves the warning ("cheating attempt?") for a folder filed under
+    # someone else's name. A name already known is not added twice.
+    if [ -f "$ROSTER" ]; then
+      python -m autograder roster passwd "$ROSTER" | while IFS= read -r line; do
+        getent passwd "${line%%:*}" >/dev/null || echo "$line" >> /etc/passwd
+      done
+    else
+      echo "no roster at $ROSTER: copy roster.csv to $ROSTER_CSV and restart this container" >&2
     fi
     # An external service of the hub (deploy/production/jupyterhub_config.py): the hub sets these
     # variables for the services it starts itself; this one starts here.
