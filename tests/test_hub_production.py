@@ -132,6 +132,67 @@ def test_kube_spawner_limits_homes_gpu_profile_and_uid(monkeypatch, tmp_path):
     assert "ssl_cert" not in config.JupyterHub and "bind_url" not in config.JupyterHub
 
 
+def mock_user(name: str, groups=()):
+    from unittest.mock import Mock
+
+    user = Mock()
+    user.name, user.escaped_name, user.url, user.id = name, name, f"/user/{name}/", 1
+    user.groups = [SimpleNamespace(name=g) for g in groups]
+    return user
+
+
+def test_a_docker_spawner_made_from_the_configuration_binds_the_users_volumes(monkeypatch, tmp_path):
+    pytest.importorskip("dockerspawner", reason="dockerspawner is not installed (pip install -e '.[test]')")
+    from dockerspawner import DockerSpawner
+
+    config = load(monkeypatch, tmp_path, "docker")
+    spawner = DockerSpawner(config=config, _deprecated_db_session=None, user=mock_user("ada"))
+    assert (spawner.mem_limit, spawner.cpu_limit) == (limits.MEM_LIMIT, limits.CPU_LIMIT)
+    assert spawner.volume_binds == {"fastdl-home-ada": {"bind": "/home/student", "mode": "rw"},
+                                    "fastdl-exchange": {"bind": "/srv/nbgrader/exchange", "mode": "rw"}}
+
+
+def test_the_pods_kubespawner_would_ask_for(monkeypatch, tmp_path, request):
+    """KubeSpawner's own pod manifest for a student, with the CPU profile and with the GPU one: made
+    offline (a kube config that points nowhere; nothing is sent to a cluster)."""
+    import asyncio
+
+    pytest.importorskip("kubespawner", reason="jupyterhub-kubespawner is not installed (pip install -e '.[test]')")
+    from kubespawner import KubeSpawner
+
+    kube = tmp_path / "kubeconfig"
+    kube.write_text("apiVersion: v1\nkind: Config\ncurrent-context: offline\n"
+                    "clusters: [{name: offline, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+                    "contexts: [{name: offline, context: {cluster: offline, user: offline, namespace: fastdl}}]\n"
+                    "users: [{name: offline, user: {token: offline}}]\n")
+    # The client library reads KUBECONFIG when it is imported, and KubeSpawner loads it once per process.
+    import kubernetes_asyncio.config.kube_config as kube_config
+    from kubespawner import clients
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kube))
+    clients.load_config.cache_clear()
+    request.addfinalizer(clients.load_config.cache_clear)
+    config = load(monkeypatch, tmp_path, "kubernetes")
+
+    async def pod(profile: str):
+        spawner = KubeSpawner(config=config, _mock=True, user=mock_user("bob", ["nbgrader-fastdl-lab"]))
+        spawner.user_options = {"profile": profile}
+        await spawner.load_user_options()
+        config.KubeSpawner.pre_spawn_hook(spawner)
+        return await spawner.get_pod_manifest()
+
+    cpu, gpu = asyncio.run(pod("cpu")), asyncio.run(pod("gpu"))
+    container = cpu.spec.containers[0]
+    assert container.resources.limits == {"cpu": limits.CPU_LIMIT, "memory": limits.MEM_LIMIT}
+    assert container.resources.requests == {"cpu": limits.CPU_GUARANTEE, "memory": limits.MEM_GUARANTEE}
+    assert gpu.spec.containers[0].resources.limits["nvidia.com/gpu"] == str(limits.GPU_COUNT)
+    assert container.security_context["runAsUser"] == 20001 and cpu.spec.security_context["fsGroup"] == 100
+    claims = {v.name: v.persistent_volume_claim["claimName"] for v in cpu.spec.volumes if v.persistent_volume_claim}
+    assert claims == {"home": "fastdl-home-bob", "exchange": "fastdl-exchange"}
+    env = {e.name: e.value for e in container.env}
+    assert env["PYTHONPATH"] == "/opt/fastdl/student" and env["USER"] == "bob"
+
+
 @pytest.mark.parametrize("auth, cls_path", [("oauth", "oauthenticator.generic.GenericOAuthenticator"),
                                             ("lti13", "ltiauthenticator.lti13.auth.LTI13Authenticator")])
 def test_each_authenticator_loads_with_known_settings(monkeypatch, tmp_path, auth, cls_path):
