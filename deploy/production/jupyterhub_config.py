@@ -46,7 +46,7 @@ def choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-spawner = choice("FASTDL_SPAWNER", "docker", ("docker", "kubernetes"))
+spawner_kind = choice("FASTDL_SPAWNER", "docker", ("docker", "kubernetes"))
 roster_file = Path(setting("FASTDL_ROSTER", "/srv/fastdl/roster/roster.json"))
 if not roster_file.is_file():
     raise FileNotFoundError(f"no roster at {roster_file}: python -m autograder roster import roster.csv --hub {roster_file}")
@@ -126,7 +126,7 @@ c.Spawner.cpu_limit = limits.CPU_LIMIT
 c.Spawner.cpu_guarantee = limits.CPU_GUARANTEE
 student_image = setting("FASTDL_STUDENT_IMAGE", "fastdl-lab-student:latest")
 
-if spawner == "docker":
+if spawner_kind == "docker":
     from docker.types import DeviceRequest
 
     c.JupyterHub.spawner_class = "docker"
