@@ -1,4 +1,4 @@
-"""``python -m autograder``: build the course, autograde, feedback, report, demo."""
+"""``python -m autograder``: build the course, import the roster, autograde, feedback, report, demo."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from autograder import batch, gradebook, hints, journal, pipeline, profiles, tables
-from autograder.course import ROOT, Course, build, tool_env
+from autograder.course import COURSE_ID, ROOT, Course, build, tool_env
 from autograder.engine.items import all_labs, load_lab
 from autograder.progress import Progress, shown, summary_lines
 from fastdl_lab import device
@@ -263,6 +263,42 @@ def cmd_workspace(args) -> int:
     return 0
 
 
+def cmd_roster_import(args) -> int:
+    from autograder import roster
+
+    course = _checked(_course(args))
+    try:
+        people = roster.read(Path(args.csv))
+    except (OSError, UnicodeDecodeError, roster.RosterError) as exc:
+        print(f"cannot read the roster: {exc}", file=sys.stderr)
+        return 2
+    course.root.mkdir(parents=True, exist_ok=True)  # a roster may come before the first build
+    imported = roster.import_students(course.db_url, COURSE_ID, people)
+    print(f"{len(people.students)} student(s) in the gradebook ({len(imported.new)} new, {len(imported.updated)} "
+          f"updated), {len(people.instructors)} instructor(s) (gradebook: {gradebook.masked(course.db_url)})")
+    if imported.not_on_roster:
+        print(f"in the gradebook but not on this roster, left there with their grades: {', '.join(imported.not_on_roster)}")
+    if args.hub:
+        users = roster.write_hub_file(Path(args.hub), people)
+        print(f"the hub's users and uids in {args.hub} ({len(users['students'])} student(s), "
+              f"{len(users['instructors'])} instructor(s) may log in)")
+    if people.refused:
+        print(f"{len(people.refused)} row(s) of {args.csv} not imported (the others were):", file=sys.stderr)
+        for problem in people.refused:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_roster_passwd(args) -> int:
+    import json
+
+    from autograder import roster
+
+    print("\n".join(roster.passwd_lines(json.loads(Path(args.hub).read_text()))))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     # Usage and errors name the interpreter by its path, as the commands the CLI prints do.
     p = argparse.ArgumentParser(prog=hints.autograder("").rstrip(), description=__doc__)
@@ -328,6 +364,19 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("workspace", help="student mode: fresh release, working copies in work/, the student kernel")
     s.set_defaults(func=cmd_workspace)
+
+    s = sub.add_parser("roster", help="the class roster (CSV) into the gradebook and the hub's users")
+    roster_sub = s.add_subparsers(dest="roster_command", required=True)
+    r = roster_sub.add_parser("import", help="students (with names) into the gradebook from CSV, columns id, "
+                              "first_name, last_name, email, lms_user_id, role (student or instructor); bad rows "
+                              "are named and skipped, the rest imported")
+    r.add_argument("csv", help="the roster, with a header row (nbgrader db student import's format, and role)")
+    r.add_argument("--hub", metavar="FILE", help="also write who may log in to the hub, their groups and uids "
+                   "(JSON, read by deploy/production/jupyterhub_config.py); uids already in FILE are kept")
+    r.set_defaults(func=cmd_roster_import)
+    r = roster_sub.add_parser("passwd", help="/etc/passwd lines for the uids of a hub file, for the grading side")
+    r.add_argument("hub", metavar="FILE", help="the file roster import --hub wrote")
+    r.set_defaults(func=cmd_roster_passwd)
 
     s = sub.add_parser("demo", parents=[grading], help="build, grade the bundled demo submissions, report")
     s.add_argument("labs", nargs="*")

@@ -128,7 +128,7 @@ def banner(trial: Trial, password: str) -> str:
         f"  password:    {password}   (the same for every name; it changes at every start)",
         f"  course folder {trial.course}, exchange {trial.exchange}",
         "Trial mode runs every server as this machine's user: try the course with it, never teach with it",
-        "(deploy/Dockerfile builds the image for a class). Ctrl-C stops the hub and every server it started.",
+        "(deploy/production/ is the hub for a class). Ctrl-C stops the hub and every server it started.",
     ])
 
 

@@ -190,6 +190,8 @@ def test_a_term_on_the_hub(hub):
 
     collected = hub.ok("POST", INSTRUCTOR, f"{formgrader}/assignment/{LAB}/collect")
     assert collected["success"], collected
+    # One account runs every server of the trial: no owner warning for an honest submission.
+    assert "cheating attempt" not in collected["log"], collected["log"]
     assert (setup.course / "submitted" / STUDENT / LAB / f"{LAB}.ipynb").is_file()
     graded_at = time.monotonic()
     # The engine alone: nbgrader's run of the notebook (for formgrader's view of the outputs) is
@@ -254,6 +256,23 @@ def test_course_mode_uses_accounts_and_keeps_roles_apart(monkeypatch):
     assert ns["role_of"]({"nbgrader-fastdl-lab", "formgrade-fastdl-lab"}) == "instructor"
     with pytest.raises(PermissionError, match="not on the fastdl-lab roster"):
         ns["role_of"]({"another-course"})
+
+
+def test_only_the_one_account_trial_turns_nbgraders_owner_check_off(monkeypatch, tmp_path):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    _, course_ns = load_config(monkeypatch, FASTDL_INSTRUCTORS="ada", FASTDL_STUDENTS="bob")
+    assert "FASTDL_ONE_ACCOUNT" not in course_ns["role_environment"]("grader")
+    env = {k: v for k, v in trial.environment(trial.Trial(tmp_path), "pw").items() if k.startswith("FASTDL_")}
+    _, trial_ns = load_config(monkeypatch, **env)
+    # The formgrader service and an instructor's terminal both collect.
+    for role in ("grader", "instructor"):
+        monkeypatch.setattr(os, "environ", {**os.environ, **trial_ns["role_environment"](role)})
+        config = PyFileConfigLoader("nbgrader_config.py", str(ROOT / "deploy" / "jupyter" / "course")).load_config()
+        assert config.ExchangeCollect.check_owner is False
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "FASTDL_ONE_ACCOUNT"})
+    config = PyFileConfigLoader("nbgrader_config.py", str(ROOT / "deploy" / "jupyter" / "course")).load_config()
+    assert "check_owner" not in config.ExchangeCollect
 
 
 def test_config_refuses_a_bad_mode_and_a_name_on_both_rosters(monkeypatch):
