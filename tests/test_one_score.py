@@ -67,7 +67,8 @@ def graded(course, tmp_path_factory):
     head = f"autograde of {LAB} for {STUDENT}"
     assert f"{head}: started, with the trusted engine (usually " in answer["log"], answer["log"][-3000:]
     assert re.search(rf"{head}, [\d.]+ s: \[1/1\] {LAB} {STUDENT}: ", answer["log"]), answer["log"][-3000:]
-    assert re.search(rf"{head}: done in [\d.]+ s \(the submission [\d.]+ s of it: ", answer["log"]), answer["log"][-3000:]
+    done_line = rf"{head}: done in [\d.]+ s \(the submission [\d.]+ s of it: "
+    assert re.search(done_line, answer["log"]), answer["log"][-3000:]
     return copy
 
 
