@@ -53,7 +53,7 @@ def course(tmp_path_factory, request):
 
     With several xdist workers (make test) the first to come builds it once, in the run's folder
     they share, and each worker grades in a copy of its own (``copy_build``: a SQLite gradebook
-    keeps to one writer): a build is about 25 s of a core, a copy a fraction of a second."""
+    keeps to one writer): a build is about 30 s on the 2-core machine, a copy a fraction of a second."""
     from autograder.course import Course, build, copy_build
 
     say = Lines(request.config, "course", e2e_times.COURSE_BUILD, on=runs_e2e(request.session))

@@ -4,6 +4,6 @@ Their progress lines (``progress_lines.Lines``) say these while the steps run; t
 the same figures, and tests/test_readme_times.py holds the two together.
 """
 
-COURSE_BUILD = "about 25 s of a core"
+COURSE_BUILD = "about 30 s on the 2-core machine"
 DEMO_CLASS = "about 7 minutes on the 2-core machine"
-HUB_TERM = "about 100 s on the 2-core machine"
+HUB_TERM = "about 50 s on the 2-core machine"
