@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 	  "(README: Platforms)."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing the course's Python packages into $(VENV) (torch, Triton, JupyterLab, nbgrader and the rest):" \
-	  "2.8 GB, about 4 minutes the first time on 2 cores; pip lists each package as it goes"
+	  "2.8 GB, 4-5 minutes the first time on the 2-core machine; pip lists each package as it goes"
 	$(BIN)/pip install --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
 	touch $@
 
@@ -111,10 +111,11 @@ slides: $(STAMP) slides-tool
 demo: $(STAMP) sandbox-tool c-compiler
 	$(BIN)/python -m autograder demo
 
-# The suite, under 20 minutes on two cores; the end-to-end tests (a real JupyterHub, a real
-# browser: three more minutes) run with make test-e2e. Much of the suite is one Python process
-# busy at a time, so two workers share the files (each file on one worker: its module fixtures
-# are made once); the graded demo class, the longest file, starts first (tests/conftest.py).
+# The suite, under 20 minutes on the 2-core machine; the end-to-end tests (a real JupyterHub, a
+# real browser; their time is stated once, in the README) run with make test-e2e. Much of the
+# suite is one Python process busy at a time, so two workers share the files (each file on one
+# worker: its module fixtures are made once); the graded demo class, the longest file, starts
+# first (tests/conftest.py).
 TEST_WORKERS ?= 2
 # The cores shared out between the workers: torch's thread pools default to one thread per core,
 # and two processes spinning pools on the same cores slow each other down.
@@ -202,7 +203,7 @@ hub-proxy:
 	      apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; \
 	    fi; }; \
 	  if command -v npm >/dev/null; then \
-	    echo "installing configurable-http-proxy from the npm registry into $(PROXY_PREFIX): 9 MB, a few seconds"; \
+	    echo "installing configurable-http-proxy from the npm registry into $(PROXY_PREFIX): 9 MB, about 4 s on 2 cores"; \
 	    npm install --silent --no-audit --no-fund --prefix $(PROXY_PREFIX) configurable-http-proxy@5 || \
 	      echo "npm could not install configurable-http-proxy: 'make hub' and the hub test need it"; \
 	  else \

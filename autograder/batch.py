@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -277,11 +278,16 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
           scheduler: str | None = None, cell_timeout: int | None = None, isolated: bool = True,
           execute: bool = True, only: list[str] | None = None, only_per_job: list | None = None,
           run: journal.Run | None = None,
-          progress: Callable[[int, int, dict], None] | None = None) -> BatchSummary:
+          progress: Callable[[int, int, dict], None] | None = None,
+          stage: Callable[[str], None] | None = None) -> BatchSummary:
     """Grade ``jobs`` ((lab, student) pairs); ``run`` continues an interrupted run (its seed wins).
 
     ``only`` grades those items of every job; ``only_per_job`` ([lab, student, items] triples, as
     the journal keeps them) chooses the items of the jobs it names.
+
+    ``progress(done, total, record)`` follows each finished submission; ``stage(text)`` says what
+    the batch does before the first can finish (nbgrader's scratch course of each lab, made once per
+    source: a class's first minutes otherwise pass without a line).
 
     ``isolated=False`` (``--unsafe-no-isolation``) runs student code without the sandbox and says so
     in every reason; otherwise a machine that cannot isolate raises ``bwrap.IsolationUnavailable``
@@ -305,8 +311,14 @@ def grade(course: Course, jobs: list[tuple[str, str]], *, profile: dict, seed: i
     workers = min(workers, len(todo))
     scratch = Path(tempfile.mkdtemp(prefix=f".scratch-{run.run_id}-", dir=course.root))
     try:
-        labs = sorted({lab for lab, _ in todo})
-        prepared = {lab: str(prepare_scratch(course, lab, scratch)) for lab in labs} if execute else {}
+        labs = sorted({lab for lab, _ in todo}) if execute else []
+        prepared = {}
+        for n, lab in enumerate(labs, 1):
+            started = time.monotonic()
+            prepared[lab] = str(prepare_scratch(course, lab, scratch))
+            if stage:
+                stage(f"nbgrader's scratch course of {lab} ready in {time.monotonic() - started:.1f} s "
+                      f"({n}/{len(labs)}; made once per source of the lab, then copied)")
         parallel = max(1, (os.cpu_count() or 1) // max(1, workers))
         specs = [JobSpec(str(course.root), prepared.get(lab, ""), lab, student, profile, run.seed,
                          cell_timeout=cell_timeout, isolated=isolated, execute=execute, item_parallel=min(2, parallel),

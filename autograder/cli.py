@@ -93,7 +93,7 @@ def _grade(course: Course, jobs: list[tuple[str, str]], args, *, profile: dict, 
                            cell_timeout=options.get("cell_timeout"), isolated=not args.unsafe_no_isolation,
                            execute=options.get("execute", True), only=options.get("only"),
                            only_per_job=options.get("only_per_job"), run=run,
-                           progress=progress)
+                           progress=progress, stage=progress.note)
     finally:
         progress.close()
 

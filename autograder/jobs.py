@@ -152,10 +152,37 @@ def _scratch_key(course: Course, lab: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _empty_gradebook(cache: Path) -> Path:
+    """A new gradebook with no assignment in it, as nbgrader makes one: its tables, and the version
+    of its schema, which nbgrader learns by starting ``alembic``, most of a scratch course's time
+    (on the loaded 2-core machine, generate_assignment took 21-22 s with a new gradebook and 6-6.5 s
+    with this one). Made once per nbgrader version and copied into each lab's scratch course."""
+    from importlib.metadata import version
+
+    kept = cache / f"empty-gradebook-{version('nbgrader')}.db"
+    if kept.is_file():
+        return kept
+    making = Path(tempfile.mkdtemp(prefix=".empty-gradebook-", dir=cache))
+    try:
+        code = "import sys; from nbgrader.api import Gradebook; Gradebook('sqlite:///' + sys.argv[1]).close()"
+        done = subprocess.run([sys.executable, "-c", code, str(making / "gradebook.db")], capture_output=True,
+                              text=True, timeout=600, env=tool_env())
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot make an empty gradebook for the scratch courses: {done.stderr[-1000:]}")
+        for stale in cache.glob("empty-gradebook-*.db"):
+            stale.unlink(missing_ok=True)
+        # A rename, as for the scratch courses: no batch copies a half-written one.
+        (making / "gradebook.db").rename(kept)
+    finally:
+        shutil.rmtree(making, ignore_errors=True)
+    return kept
+
+
 def _generate_scratch(course: Course, lab: str, root: Path) -> None:
     (root / "source").mkdir(parents=True)
     shutil.copytree(course.root / "source" / lab, root / "source" / lab)
     _write_scratch_config(root)
+    shutil.copyfile(_empty_gradebook(course.root / SCRATCH_CACHE), root / "gradebook.db")
     argv = [sys.executable, "-m", "autograder.nbgrader_main", "generate_assignment", lab, "--force"]
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600, env=tool_env())
     if done.returncode != 0:
@@ -166,8 +193,8 @@ def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:
     """The lab's scratch course under ``folder``: its source notebook and a gradebook that knows the
     assignment.
 
-    nbgrader's generate_assignment makes it once per source of the lab: 3 to 5 s on the 2-core
-    machines, most of it nbgrader starting ``alembic`` to date a new gradebook. The result is kept
+    nbgrader's generate_assignment makes it once per source of the lab, in a copy of an empty
+    gradebook made once (``_empty_gradebook``: dating a new one is most of the time). The result is kept
     under the course's ``.scratch-cache`` (this process and the instructor's alone write there)
     and copied for each batch; a changed source, nbgrader or config template makes a new one."""
     cache = course.root / SCRATCH_CACHE

@@ -36,7 +36,7 @@ def describe(record: dict) -> str:
 
 class Progress:
     """Call with (done, total, record) after each submission, or ``line`` with any text for other
-    work per student (feedback); ``close`` when the batch ends."""
+    work per student (feedback), ``note`` for the batch's own steps; ``close`` when the batch ends."""
 
     def __init__(self, total: int, *, stream: TextIO | None = None, desc: str = "grading"):
         self.stream = stream or sys.stderr
@@ -58,6 +58,13 @@ class Progress:
             self.bar.update(1)
         else:
             print(line, file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line about the batch rather than a submission (what it prepares before grading)."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -26,6 +26,9 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import pytest  # noqa: E402
 
+import e2e_times  # noqa: E402
+from progress_lines import Lines, runs_e2e  # noqa: E402
+
 
 # The files that grade the demo class (the longest fixture) run first, so that with several
 # workers (make test) the other files share the rest of the time.
@@ -50,12 +53,15 @@ def course(tmp_path_factory, request):
 
     With several xdist workers (make test) the first to come builds it once, in the run's folder
     they share, and each worker grades in a copy of its own (``copy_build``: a SQLite gradebook
-    keeps to one writer): a build is about 25 s of a core, a copy a fraction of a second."""
+    keeps to one writer): a build is about 30 s on the 2-core machine, a copy a fraction of a second."""
     from autograder.course import Course, build, copy_build
 
+    say = Lines(request.config, "course", e2e_times.COURSE_BUILD, on=runs_e2e(request.session))
+    say("building every lab's source, release and student package")
     course = Course(tmp_path_factory.mktemp("course"))
     if not hasattr(request.config, "workerinput") or course.sqlite_file() is None:
         build(course)
+        say("built")
         return course
     shared = Course(tmp_path_factory.getbasetemp().parent / "course-build")
     with open(shared.root.parent / "course-build.lock", "a") as lock:
@@ -65,6 +71,7 @@ def course(tmp_path_factory, request):
             shutil.rmtree(shared.root, ignore_errors=True)  # a worker that died half-way
             build(shared)
             built.touch()
+    say("built")
     return copy_build(shared, course.root)
 
 
@@ -105,8 +112,10 @@ def demo(course, cpu, tmp_path_factory, request):
     from autograder import batch, pipeline
     from autograder.course import copy_build
     from autograder.engine.items import all_labs
+    from autograder.progress import describe
     from autograder.submissions import demo_students, demo_targets
 
+    say = Lines(request.config, "demo class", e2e_times.DEMO_CLASS, on=runs_e2e(request.session))
     copy = copy_build(course, tmp_path_factory.mktemp("demo"))
     # Labs that compile the student's source take longest: they go first, so that no worker is left
     # with one at the end.
@@ -114,16 +123,28 @@ def demo(course, cpu, tmp_path_factory, request):
     jobs = [(lab.name, student) for lab in labs for student in demo_students(copy, lab.name)]
     browser = any(item.get_closest_marker("browser") for item in request.session.items)
     executed = {job for job in jobs if demo_executed(*job, browser)}
+    say(f"grading {len(jobs)} submissions of {len(labs)} labs on {DEMO_WORKERS} workers, "
+        f"nbgrader's run of the notebook for {len(executed)} of them first")
     cluster = batch.local_cluster(DEMO_WORKERS, gpu=False)
     try:
         targeted = [[lab, student, demo_targets(lab, student)] for lab, student in jobs
                     if (lab, student) not in executed and demo_targets(lab, student)]
-        runs = [batch.grade(copy, [job for job in jobs if (job in executed) == execute], profile=cpu,
-                            seed=DEMO_SEED, scheduler=cluster.scheduler_address, execute=execute,
-                            only_per_job=None if execute else targeted)
-                for execute in (True, False)]
+        runs = []
+        for execute in (True, False):
+            before = 0 if execute else len(executed)
+
+            # The batch's own progress callback: a line per submission, as autograde's log has it,
+            # counted across both runs.
+            def progress(done, _total, record, before=before):
+                say(f"[{before + done}/{len(jobs)}] {describe(record)}")
+
+            runs.append(batch.grade(copy, [job for job in jobs if (job in executed) == execute], profile=cpu,
+                                    seed=DEMO_SEED, scheduler=cluster.scheduler_address, execute=execute,
+                                    only_per_job=None if execute else targeted, progress=progress,
+                                    stage=say))
     finally:
         cluster.close()
+    say(f"done: {len(jobs)} submissions graded")
     done = batch.BatchSummary(jobs=[job for run in runs for job in run.jobs],
                               failures=[f for run in runs for f in run.failures],
                               seconds={job: s for run in runs for job, s in run.seconds.items()})

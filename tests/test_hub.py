@@ -26,6 +26,8 @@ from traitlets.config import Config
 from autograder import notebook
 from autograder.course import Course
 from autograder.submissions import reference_solutions
+import e2e_times
+from progress_lines import Lines
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = "00_measure"
@@ -48,10 +50,11 @@ trial = load_module("fastdl_trial", ROOT / "deploy" / "trial.py")
 
 
 class Hub:
-    """One running hub: REST calls as a named user, with a token got by logging in."""
+    """One running hub: REST calls as a named user, with a token got by logging in; ``say`` puts
+    a line on the terminal for each step of the term."""
 
-    def __init__(self, setup, password: str, process: subprocess.Popen, log: Path):
-        self.setup, self.password, self.process, self.log = setup, password, process, log
+    def __init__(self, setup, password: str, process: subprocess.Popen, log: Path, say: Lines):
+        self.setup, self.password, self.process, self.log, self.say = setup, password, process, log, say
         self.tokens: dict[str, str] = {}
 
     def log_tail(self) -> str:
@@ -123,13 +126,15 @@ def stop(process: subprocess.Popen) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def hub(tmp_path_factory, request):
     missing = trial.missing_prerequisites()
     if missing:
         pytest.skip("no JupyterHub here: " + "; ".join(missing))
+    say = Lines(request.config, "term on the hub", e2e_times.HUB_TERM)
     port, api_port, proxy_api_port, formgrader_port = trial.free_ports(4)
     setup = trial.Trial(tmp_path_factory.mktemp("hub"), port=port, api_port=api_port, proxy_api_port=proxy_api_port,
                         formgrader_port=formgrader_port, instructors=(INSTRUCTOR,), students=(STUDENT, "student2"))
+    say(f"building {LAB}'s course")
     trial.prepare(setup, [LAB])
     password = secrets.token_urlsafe(9)
     log = setup.state / "hub.log"
@@ -137,8 +142,9 @@ def hub(tmp_path_factory):
         process = subprocess.Popen(trial.command(), env=trial.environment(setup, password), cwd=setup.state,
                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        say("starting JupyterHub, its proxy and the formgrader service")
         wait_until_up(setup.url, process, log)
-        yield Hub(setup, password, process, log)
+        yield Hub(setup, password, process, log, say)
     finally:
         left = stop(process)
         assert not left, f"still running after the hub stopped (killed now): {left}"
@@ -171,6 +177,7 @@ def test_a_term_on_the_hub(hub):
     assert setup.exchange.stat().st_mode & 0o7777 == 0o1777
     assert (setup.exchange / COURSE_ID / "inbound").stat().st_mode & 0o777 == 0o733
 
+    hub.say(f"released {LAB}; starting {STUDENT}'s server")
     hub.start_server(STUDENT)
     listed = hub.ok("GET", STUDENT, f"{student}/assignments", params={"course_id": COURSE_ID})["value"]
     assert [(a["assignment_id"], a["status"]) for a in listed] == [(LAB, "released")]
@@ -188,16 +195,18 @@ def test_a_term_on_the_hub(hub):
     submitted = hub.ok("POST", STUDENT, f"{student}/assignments/submit", data=course)
     assert submitted["success"], submitted
 
+    hub.say(f"{STUDENT} fetched and submitted {LAB}; collecting it")
     collected = hub.ok("POST", INSTRUCTOR, f"{formgrader}/assignment/{LAB}/collect")
     assert collected["success"], collected
     # One account runs every server of the trial: no owner warning for an honest submission.
     assert "cheating attempt" not in collected["log"], collected["log"]
     assert (setup.course / "submitted" / STUDENT / LAB / f"{LAB}.ipynb").is_file()
     graded_at = time.monotonic()
+    hub.say(f"grading {LAB} with `autograder autograde --engine-only`")
     # The engine alone: nbgrader's run of the notebook (for formgrader's view of the outputs) is
     # tested in test_grading_pipeline.py and would double this test's time.
     grader(setup, "autograde", LAB, "--engine-only")
-    print(f"autograde: {time.monotonic() - graded_at:.0f} s")
+    hub.say(f"autograde took {time.monotonic() - graded_at:.0f} s")
     record = json.loads((setup.course / "records" / LAB / f"{STUDENT}.json").read_text())
     verdicts = {item["item"]: item for item in record["items"]}
     assert {name: v["status"] for name, v in verdicts.items()} == {"roofline": "passed", "timing": "passed"}, verdicts
@@ -207,7 +216,7 @@ def test_a_term_on_the_hub(hub):
 
     feedback_at = time.monotonic()
     grader(setup, "feedback", LAB)
-    print(f"feedback: {time.monotonic() - feedback_at:.0f} s")
+    hub.say(f"feedback took {time.monotonic() - feedback_at:.0f} s; releasing it to {STUDENT}")
     released = hub.ok("POST", INSTRUCTOR, f"{formgrader}/assignment/{LAB}/release_feedback")
     assert released["success"], released
     listed = hub.ok("POST", STUDENT, f"{student}/assignments/fetch_feedback", data=course)["value"]
@@ -223,7 +232,7 @@ def test_a_term_on_the_hub(hub):
     hidden = [ln.strip() for block in HIDDEN.findall(source) for ln in block.splitlines() if len(ln.strip()) > 20]
     assert hidden, "lab 00 has hidden tests to look for"
     assert [ln for ln in hidden if ln in text] == []
-    print(f"term on the hub: {time.monotonic() - started:.0f} s after the hub was up")
+    hub.say(f"done: {time.monotonic() - started:.0f} s after the hub was up")
 
 
 def load_config(monkeypatch, **env) -> tuple[Config, dict]:

@@ -63,6 +63,12 @@ def graded(course, tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["success"], (answer.get("log", "")[-3000:], answer.get("error", "")[-3000:])
+    # The button shows a spinner; the formgrader's log says what runs and how long it took.
+    head = f"autograde of {LAB} for {STUDENT}"
+    assert f"{head}: started, with the trusted engine (usually " in answer["log"], answer["log"][-3000:]
+    assert re.search(rf"{head}, [\d.]+ s: \[1/1\] {LAB} {STUDENT}: ", answer["log"]), answer["log"][-3000:]
+    done_line = rf"{head}: done in [\d.]+ s \(the submission [\d.]+ s of it: "
+    assert re.search(done_line, answer["log"]), answer["log"][-3000:]
     return copy
 
 
