@@ -21,8 +21,9 @@
 #
 # 1. see where the famous "100× faster on a GPU" figures came from, then climb from three Python
 #    loops to a BLAS library and see how far apart they are;
-# 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing) and
-#    write a first, small kernel: a **row sum** *(graded: `row_sum`, 2 points)*;
+# 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing), read
+#    a first kernel (a scaled add: which program owns which elements, and the mask), and write a
+#    small one: a **row sum** *(graded: `row_sum`, 2 points)*;
 # 3. write a **tiled Triton matmul kernel** *(graded: `matmul_fp32` 4 points, `matmul_fp16`
 #    2 points)*;
 # 4. implement the **grouped launch order** that makes tiles share the L2 cache *(graded:
@@ -199,7 +200,107 @@ plt.show()
 print("sectors per warp load, fp32:", {s: simt.warp_sectors(s, 4) for s in strides})
 
 # %% [markdown]
-# ## 4. A first kernel: row sums
+# ## 4. First kernels: a scaled add, then row sums
+#
+# ### One dimension: `out = alpha * x + y`
+#
+# The smallest kernel worth writing scales one vector and adds another. Every element is
+# independent, so the whole design is a single decision: which program computes which elements.
+# The launcher asks for a **grid** of `cdiv(n, BLOCK)` programs; program `pid` computes the
+# offsets `pid * BLOCK + tl.arange(0, BLOCK)`, `BLOCK` consecutive elements. `BLOCK` is a
+# power of two and `n` is whatever the tensor's length is, so the last program's offsets usually
+# run past the end. Every load and store therefore takes a **mask**, `offs < n`: where it is
+# false the load reads nothing (it gives `other`, or an undefined value if none is given, which
+# is harmless here because the store is masked the same way) and the store writes nothing.
+
+# %%
+import triton
+import triton.language as tl
+
+from fastdl_lab import bounds, scaled_add
+
+
+@triton.jit
+def scaled_add_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # the elements this program owns
+    inside = offs < n  # all true except past the end, in the last program
+    x = tl.load(x_ptr + offs, mask=inside)
+    y = tl.load(y_ptr + offs, mask=inside)
+    out = alpha * x.to(tl.float32) + y.to(tl.float32)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+x, y = checks.randn(1000, seed=1, device=DEV), checks.randn(1000, seed=2, device=DEV)
+checks.assert_close(scaled_add.scaled_add(x, y, 0.5, kernel=scaled_add_kernel, block=256),
+                    scaled_add.scaled_add_ref(x, y, 0.5), name="scaled add")
+print(f"n=1000, BLOCK=256: {triton.cdiv(1000, 256)} programs; result matches the float64 reference")
+
+# %% [markdown]
+# Who owns what, for `n = 20` and `BLOCK = 8`: three programs, one row each. Each program's
+# lanes hold consecutive offsets; the last program computes offsets 16 to 23, and its mask keeps
+# 16 to 19 and drops the four past the end.
+
+# %%
+own = scaled_add.ownership(20, 8)
+fig, ax = plt.subplots(figsize=(6, 1.8))
+ax.imshow(own.kept, cmap="Blues", vmin=-0.5, vmax=2.5, aspect="auto")  # pale: masked, light: kept
+for (p, lane), offset in np.ndenumerate(own.offsets):
+    ax.text(lane, p, offset if own.kept[p, lane] else f"{offset}\nmasked", ha="center", va="center", fontsize=7)
+ax.set_xticks(range(own.block), [f"lane {i}" for i in range(own.block)], fontsize=7)
+ax.set_yticks(range(own.programs), [f"pid {p}" for p in range(own.programs)], fontsize=7)
+ax.set_title(f"n={own.n}, BLOCK={own.block}: {own.programs} programs, {own.dropped} offsets masked off", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# Take the mask away and the last program reads and writes four elements that are not the
+# tensors'. On a GPU nothing stops it: the loads return whatever lies there and the stores
+# overwrite it, a bug that shows up later, elsewhere, or never. On the CPU the course's checked
+# interpreter (`fastdl_lab/bounds.py`) refuses the access and names it:
+
+# %%
+@triton.jit
+def scaled_add_no_mask(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
+
+
+if device.interpreting():
+    try:
+        scaled_add.scaled_add(x, y, 0.5, kernel=scaled_add_no_mask, block=256)
+    except bounds.OutOfBoundsAccess as exc:
+        print(f"without the mask: {exc}")
+else:
+    print("not launched on a GPU: the unmasked store would write past the end of out, unreported")
+
+# %% [markdown]
+# ### Two dimensions: a block of pointers
+#
+# A matrix is still one line of memory: element `(i, j)` lies at offset
+# `i * stride_m + j * stride_n`. A 2-D kernel builds its block of pointers from two 1-D blocks of
+# offsets, `rows[:, None] * stride_m + cols[None, :] * stride_n`, which broadcast to
+# `BLOCK_M × BLOCK_N` offsets, and masks it with `(rows[:, None] < M) & (cols[None, :] < N)`.
+# Below, memory holds the 48 values of a row-major 6 × 8 matrix `x`, drawn in lines of 8. Left:
+# the 3 × 4 block at corner `(1, 2)` of `x` (strides 8, 1). Right: the 3 × 4 block at corner
+# `(2, 1)` of `x.t()`, the same memory seen as an 8 × 6 matrix (strides 1, 8). Row-major, each
+# row of the block is four neighbouring offsets, the coalesced pattern of section 3; through the
+# transpose, neighbouring elements of a block row are 8 apart.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(9, 2.6))
+views = [("x, 6 x 8: corner (1, 2), strides (8, 1)", (1, 2, 3, 4, 8, 1)),
+         ("x.t(), 8 x 6: corner (2, 1), strides (1, 8)", (2, 1, 3, 4, 1, 8))]
+for ax, (title, args) in zip(axes, views, strict=True):
+    block = scaled_add.pointer_block(*args)
+    memory = np.isin(np.arange(48), block).reshape(6, 8)  # memory drawn in lines of 8 elements
+    ax.imshow(memory, cmap="Oranges", vmin=-0.3, vmax=1.3)
+    for (r, c), hit in np.ndenumerate(memory):
+        ax.text(c, r, r * 8 + c, ha="center", va="center", fontsize=7, fontweight="bold" if hit else "normal")
+    ax.set_title(f"{title}\noffsets read: {block.tolist()}", fontsize=7)
+    ax.set_xticks([]), ax.set_yticks([])
+plt.show()
+
+# %% [markdown]
+# ### Row sums
 #
 # The warm-up kernel sums every row of an `M × N` matrix $x$ into a vector $y$ of length `M`.
 # It is a matrix multiply by a column of ones, and its kernel has the GEMM's skeleton without
