@@ -31,7 +31,9 @@
 # 5. meet tensor cores and TF32, place every version on the roofline, and compile your kernel
 #    for real GPUs even if you do not have one;
 # 6. tune tiles, `num_warps` and `num_stages` from what the compiler reports, and on a GPU by
-#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*.
+#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*;
+# 7. lower a convolution to one GEMM (im2col), check it against `F.conv2d`, and see what the
+#    copies cost.
 #
 # Without a GPU, Triton kernels run in the **Triton interpreter** (`TRITON_INTERPRET=1`, switched
 # on by `fastdl_lab.device`): the same source, executed with NumPy on the CPU. It is exact enough
@@ -873,6 +875,73 @@ else:
     print(f"MATMUL_CONFIG {_config} is valid; needs a GPU: speed is graded only on GPU profiles")
 
 # %% [markdown]
+# ## 12. Convolution as a matrix multiply
+#
+# A convolution layer is a GEMM in disguise. Output pixel `(p, q)` of filter `o` is the dot
+# product of that filter's `C × KH × KW` weights with the `C × KH × KW` input values under the
+# window at `(p, q)`. Copy those values out, one column per output pixel, and the layer becomes
+# one matrix product:
+#
+# $$\underbrace{W}_{O \times C K_H K_W} \cdot \underbrace{\text{cols}(x)}_{C K_H K_W \times O_H O_W}
+#   = \underbrace{y}_{O \times O_H O_W} \quad\text{per image.}$$
+#
+# Building `cols(x)` is **im2col** ("image to columns"). `im2col.im2col` takes one strided slice
+# of the padded input per kernel offset `(i, j)`: slice `(i, j)` holds, at every output position,
+# the input pixel that offset sees, stepping by the stride. Stacking the `KH × KW` slices gives the
+# columns; `im2col.conv2d_im2col` multiplies them by the flattened filters and adds the bias.
+
+# %%
+from fastdl_lab import im2col
+
+for (n, c, h, w), (o, k), stride, padding in [((2, 3, 10, 9), (4, 3), 1, 1), ((1, 5, 11, 11), (6, 5), 2, 2),
+                                                ((2, 4, 8, 8), (3, 1), 1, 0)]:
+    x, weight, bias = checks.randn(n, c, h, w, seed=1), checks.randn(o, c, k, k, seed=2), checks.randn(o, seed=3)
+    ours = im2col.conv2d_im2col(x, weight, bias, stride=stride, padding=padding)
+    theirs = torch.nn.functional.conv2d(x, weight, bias, stride=stride, padding=padding)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4), (ours - theirs).abs().max()
+    cols = im2col.im2col(x, k, stride, padding)
+    print(f"{k}x{k} conv, stride {stride}, padding {padding}: x {tuple(x.shape)} -> columns {tuple(cols.shape)} "
+          f"-> y {tuple(ours.shape)}; matches F.conv2d")
+
+# %% [markdown]
+# **The price is memory.** Every input value sits under up to `KH × KW` windows, so im2col copies
+# it up to `KH × KW` times: the columns hold $K_H K_W \cdot O_H O_W / (H W)$ elements per input
+# element, about $K_H K_W / \text{stride}^2$. A 3 × 3 convolution with padding 1 makes **9
+# copies** of its input; a 1 × 1 convolution makes none (its im2col is a reshape, the layer was
+# already a GEMM). For one ResNet-50 stage-1 layer, 64 channels of 56 × 56 at a batch of 256:
+
+# %%
+n, c, h = 256, 64, 56
+for k, stride, padding in [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 1, 0)]:
+    grow = im2col.im2col_expansion(h, h, k, stride, padding)
+    print(f"{k}x{k} stride {stride}: input {n * c * h * h * 4 / 2**20:6.0f} MiB fp32, "
+          f"columns {grow * n * c * h * h * 4 / 2**20:7.0f} MiB ({grow:.2f}x)")
+
+# %% [markdown]
+# Moving that matrix through memory costs what it weighs: the GEMM itself is efficient, but it is
+# fed by a write and a read of `KH × KW` times the input. This is why cuDNN's main algorithms are
+# **implicit GEMM**: the kernel is a tiled matmul like yours, whose loads of the "B" tile compute
+# the input addresses of each column on the fly (from the output pixel, the kernel offset, the
+# stride and the padding, with a mask for the padding), so the columns only ever exist as tiles in
+# shared memory. cuDNN still offers the explicit version (`CUDNN_CONVOLUTION_FWD_ALGO_GEMM`, which
+# needs a workspace the size of the columns) among others (FFT, Winograd); with
+# `torch.backends.cudnn.benchmark = True` PyTorch times the candidates for each new shape and
+# keeps the fastest.
+#
+# On this machine, the explicit route against PyTorch's own convolution:
+
+# %%
+if QUICK:  # a second of timing per graded run buys nothing
+    print("the timing is left out of the grader's quick run of this notebook (FASTDL_QUICK=1)")
+else:
+    x = checks.randn(32, 32, 28, 28, device=DEV, seed=4)
+    weight = checks.randn(64, 32, 3, 3, device=DEV, seed=5)
+    cmp = timing.compare(lambda: im2col.conv2d_im2col(x, weight, padding=1),
+                         lambda: torch.nn.functional.conv2d(x, weight, padding=1))
+    print(f"im2col + matmul vs F.conv2d, {tuple(x.shape)} * 64 3x3 filters: {cmp}")
+
+# %% [markdown]
 # ## Summary
 #
 # - A matrix multiply does $O(n^3)$ work on $O(n^2)$ data; tiling turns that into arithmetic
@@ -887,3 +956,5 @@ else:
 #   against how many programs share an SM; the compiler reports the costs, the clock decides.
 # - Compare against a tuned baseline, in the same precision, measured the same way — then
 #   "100×" shrinks to what the hardware's roofs allow.
+# - A convolution is a GEMM over im2col's columns, at the cost of `KH × KW` copies of its input;
+#   implicit GEMM computes the columns' addresses inside the tiles' loads instead.
