@@ -725,6 +725,64 @@ else:
     print("needs a GPU: TF32 is a tensor-core format")
 
 # %% [markdown]
+# ### Shapes tensor cores like
+#
+# A tensor-core instruction multiplies a fixed tile (for fp16 on Ampere, `mma.sync` is
+# 16 × 8 × 16), and the kernels that feed it load each row of an operand in 16-byte vectors. The
+# sizes of M, N and K therefore matter. NVIDIA's *Matrix Multiplication Background* guide states
+# the rule in its Table 1: before cuBLAS 11.0, fp16 GEMMs used tensor cores only when the
+# dimensions were **multiples of 8** (16 bytes); since 11.0 they always may, but run most
+# efficiently at multiples of 8, and on an A100 at **multiples of 64** (128 bytes). For TF32 the
+# same bytes are 4 and 32 elements, for int8 16 and 128. A dimension one short, K = 4095 in
+# fp16, puts every row of a row-major A but the first off its 16-byte boundary: the aligned
+# vector loads are no longer allowed, and the library falls back to a slower kernel.
+#
+# `shapes.aligned` checks the rule; `timing.compare` times a product with K = 4095 against
+# K = 4096. A CPU's BLAS has no tensor cores and no such cliff, so whatever ratio it shows says
+# nothing about them; the tensor-core effect needs a GPU.
+
+# %%
+from fastdl_lab import shapes
+
+for m, n, k in [(4096, 4096, 4096), (4096, 4096, 4095), (8, 50257, 768), (8, 50304, 768)]:
+    rule = shapes.aligned(m, n, k, torch.float16)
+    print(f"fp16 M,N,K = {m},{n},{k}: " + ", ".join(
+        f"{d} {'128 B' if r['128 B'] else '16 B' if r['16 B'] else 'misaligned'}" for d, r in rule.items()))
+m = 64 if QUICK else 512
+a_odd, b_odd = shapes.k_alignment_operands(4095, m, m, dev=DEV)
+a_even, b_even = shapes.k_alignment_operands(4096, m, m, dev=DEV)
+cmp = timing.compare(lambda: a_odd @ b_odd, lambda: a_even @ b_even, reps=3 if QUICK else 20)
+print(f"fp32 on {DEV}, {m}x{m} outputs, K=4095 vs K=4096: {cmp}")
+if GPU:
+    for k in (4095, 4088):  # 4088 = 511 x 8: aligned, one step of 8 short of 4096
+        a, b = shapes.k_alignment_operands(k, 8192, 8192, torch.float16, "cuda")
+        a64, b64 = shapes.k_alignment_operands(4096, 8192, 8192, torch.float16, "cuda")
+        print(f"fp16 8192x8192, K={k} vs K=4096: {timing.compare(lambda: a @ b, lambda: a64 @ b64)}")
+else:
+    print("needs a GPU: the K=4095 cliff is the tensor cores' and their 16-byte loads'")
+
+# %% [markdown]
+# **Padding a vocabulary.** The one dimension a model designer rarely chooses is the vocabulary:
+# GPT-2's has 50 257 tokens, odd, so its output projection (hidden size → 50 257 logits, the
+# largest matmul of a small language model) is misaligned in N. The fix is to pad the vocabulary to
+# a multiple of 64, 50 304, with rows no token id ever reaches: `shapes.pad_embedding` adds zero
+# rows to the embedding table, and `shapes.pad_lm_head` computes 50 304 logits and slices the
+# first 50 257 back, so a softmax or a loss never sees the padding. The model computes the same:
+
+# %%
+vocab, hidden = (1000, 32) if QUICK else (50257, 256)
+torch.manual_seed(0)
+embedding, head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab)
+padded_embedding, padded_head = shapes.pad_embedding(embedding), shapes.pad_lm_head(head)
+tokens = torch.randint(0, vocab, (2, 16))
+logits, padded_logits = head(embedding(tokens)), padded_head(padded_embedding(tokens))
+assert padded_logits.shape == logits.shape and torch.allclose(padded_logits, logits, atol=1e-6)
+rows = padded_head.proj.out_features
+assert rows % 64 == 0 and rows - vocab < 64
+print(f"vocabulary {vocab} -> {rows} rows in the head and the table; logits {tuple(padded_logits.shape)}, "
+      f"the same as unpadded")
+
+# %% [markdown]
 # ## 9. Every version on the roofline
 #
 # Each point: the rate achieved (minimum-traffic FLOPs over time) against the arithmetic
@@ -952,6 +1010,8 @@ else:
 #   stride-1 dimension coalesce.
 # - Tensor cores are where a modern GPU's FLOPs are; fp16, bf16 and TF32 are the ways in.
 #   TF32 trades mantissa bits for speed and is opt-in in PyTorch, default in `tl.dot`.
+#   They want M, N and K in multiples of 16 bytes, best 128 (fp16: 8 and 64): pad what you
+#   choose, such as a vocabulary, and slice the padding off the result.
 # - Tiles, `num_warps` and `num_stages` trade reuse against registers and shared memory, and so
 #   against how many programs share an SM; the compiler reports the costs, the clock decides.
 # - Compare against a tuned baseline, in the same precision, measured the same way — then
