@@ -266,13 +266,13 @@ def scaled_add_no_mask(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
 
 
-if device.interpreting():
+if device.interpreting() and bounds.enabled():
     try:
         scaled_add.scaled_add(x, y, 0.5, kernel=scaled_add_no_mask, block=256)
     except bounds.OutOfBoundsAccess as exc:
         print(f"without the mask: {exc}")
-else:
-    print("not launched on a GPU: the unmasked store would write past the end of out, unreported")
+else:  # unchecked, the overrun would really happen: not launched
+    print("not launched here: the unmasked store would write past the end of out, unreported")
 
 # %% [markdown]
 # ### Two dimensions: a block of pointers

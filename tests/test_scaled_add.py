@@ -70,9 +70,11 @@ def _no_mask(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
 
 @pytest.mark.interpret
 def test_a_missing_mask_is_stopped_by_the_checked_interpreter():
-    if not device.interpreting():
-        pytest.skip("on a GPU nothing checks the overrun, which is the lesson")
+    from fastdl_lab import bounds
     from fastdl_lab.bounds import OutOfBoundsAccess
+
+    if not (device.interpreting() and bounds.enabled()):
+        pytest.skip("unchecked (a GPU, or FASTDL_CHECK_BOUNDS=0): nothing stops the overrun, which is the lesson")
 
     x, y = checks.randn(1000, seed=3), checks.randn(1000, seed=4)
     with pytest.raises(OutOfBoundsAccess):
