@@ -21,8 +21,9 @@
 #
 # 1. see where the famous "100× faster on a GPU" figures came from, then climb from three Python
 #    loops to a BLAS library and see how far apart they are;
-# 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing) and
-#    write a first, small kernel: a **row sum** *(graded: `row_sum`, 2 points)*;
+# 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing), read
+#    a first kernel (a scaled add: which program owns which elements, and the mask), and write a
+#    small one: a **row sum** *(graded: `row_sum`, 2 points)*;
 # 3. write a **tiled Triton matmul kernel** *(graded: `matmul_fp32` 4 points, `matmul_fp16`
 #    2 points)*;
 # 4. implement the **grouped launch order** that makes tiles share the L2 cache *(graded:
@@ -30,7 +31,9 @@
 # 5. meet tensor cores and TF32, place every version on the roofline, and compile your kernel
 #    for real GPUs even if you do not have one;
 # 6. tune tiles, `num_warps` and `num_stages` from what the compiler reports, and on a GPU by
-#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*.
+#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*;
+# 7. lower a convolution to one GEMM (im2col), check it against `F.conv2d`, and see what the
+#    copies cost.
 #
 # Without a GPU, Triton kernels run in the **Triton interpreter** (`TRITON_INTERPRET=1`, switched
 # on by `fastdl_lab.device`): the same source, executed with NumPy on the CPU. It is exact enough
@@ -199,7 +202,107 @@ plt.show()
 print("sectors per warp load, fp32:", {s: simt.warp_sectors(s, 4) for s in strides})
 
 # %% [markdown]
-# ## 4. A first kernel: row sums
+# ## 4. First kernels: a scaled add, then row sums
+#
+# ### One dimension: `out = alpha * x + y`
+#
+# The smallest kernel worth writing scales one vector and adds another. Every element is
+# independent, so the whole design is a single decision: which program computes which elements.
+# The launcher asks for a **grid** of `cdiv(n, BLOCK)` programs; program `pid` computes the
+# offsets `pid * BLOCK + tl.arange(0, BLOCK)`, `BLOCK` consecutive elements. `BLOCK` is a
+# power of two and `n` is whatever the tensor's length is, so the last program's offsets usually
+# run past the end. Every load and store therefore takes a **mask**, `offs < n`: where it is
+# false the load reads nothing (it gives `other`, or an undefined value if none is given, which
+# is harmless here because the store is masked the same way) and the store writes nothing.
+
+# %%
+import triton
+import triton.language as tl
+
+from fastdl_lab import bounds, scaled_add
+
+
+@triton.jit
+def scaled_add_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # the elements this program owns
+    inside = offs < n  # all true except past the end, in the last program
+    x = tl.load(x_ptr + offs, mask=inside)
+    y = tl.load(y_ptr + offs, mask=inside)
+    out = alpha * x.to(tl.float32) + y.to(tl.float32)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+x, y = checks.randn(1000, seed=1, device=DEV), checks.randn(1000, seed=2, device=DEV)
+checks.assert_close(scaled_add.scaled_add(x, y, 0.5, kernel=scaled_add_kernel, block=256),
+                    scaled_add.scaled_add_ref(x, y, 0.5), name="scaled add")
+print(f"n=1000, BLOCK=256: {triton.cdiv(1000, 256)} programs; result matches the float64 reference")
+
+# %% [markdown]
+# Who owns what, for `n = 20` and `BLOCK = 8`: three programs, one row each. Each program's
+# lanes hold consecutive offsets; the last program computes offsets 16 to 23, and its mask keeps
+# 16 to 19 and drops the four past the end.
+
+# %%
+own = scaled_add.ownership(20, 8)
+fig, ax = plt.subplots(figsize=(6, 1.8))
+ax.imshow(own.kept, cmap="Blues", vmin=-0.5, vmax=2.5, aspect="auto")  # pale: masked, light: kept
+for (p, lane), offset in np.ndenumerate(own.offsets):
+    ax.text(lane, p, offset if own.kept[p, lane] else f"{offset}\nmasked", ha="center", va="center", fontsize=7)
+ax.set_xticks(range(own.block), [f"lane {i}" for i in range(own.block)], fontsize=7)
+ax.set_yticks(range(own.programs), [f"pid {p}" for p in range(own.programs)], fontsize=7)
+ax.set_title(f"n={own.n}, BLOCK={own.block}: {own.programs} programs, {own.dropped} offsets masked off", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# Take the mask away and the last program reads and writes four elements that are not the
+# tensors'. On a GPU nothing stops it: the loads return whatever lies there and the stores
+# overwrite it, a bug that shows up later, elsewhere, or never. On the CPU the course's checked
+# interpreter (`fastdl_lab/bounds.py`) refuses the access and names it:
+
+# %%
+@triton.jit
+def scaled_add_no_mask(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
+
+
+if device.interpreting() and bounds.enabled():
+    try:
+        scaled_add.scaled_add(x, y, 0.5, kernel=scaled_add_no_mask, block=256)
+    except bounds.OutOfBoundsAccess as exc:
+        print(f"without the mask: {exc}")
+else:  # unchecked, the overrun would really happen: not launched
+    print("not launched here: the unmasked store would write past the end of out, unreported")
+
+# %% [markdown]
+# ### Two dimensions: a block of pointers
+#
+# A matrix is still one line of memory: element `(i, j)` lies at offset
+# `i * stride_m + j * stride_n`. A 2-D kernel builds its block of pointers from two 1-D blocks of
+# offsets, `rows[:, None] * stride_m + cols[None, :] * stride_n`, which broadcast to
+# `BLOCK_M × BLOCK_N` offsets, and masks it with `(rows[:, None] < M) & (cols[None, :] < N)`.
+# Below, memory holds the 48 values of a row-major 6 × 8 matrix `x`, drawn in lines of 8. Left:
+# the 3 × 4 block at corner `(1, 2)` of `x` (strides 8, 1). Right: the 3 × 4 block at corner
+# `(2, 1)` of `x.t()`, the same memory seen as an 8 × 6 matrix (strides 1, 8). Row-major, each
+# row of the block is four neighbouring offsets, the coalesced pattern of section 3; through the
+# transpose, neighbouring elements of a block row are 8 apart.
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(9, 2.6))
+views = [("x, 6 x 8: corner (1, 2), strides (8, 1)", (1, 2, 3, 4, 8, 1)),
+         ("x.t(), 8 x 6: corner (2, 1), strides (1, 8)", (2, 1, 3, 4, 1, 8))]
+for ax, (title, args) in zip(axes, views, strict=True):
+    block = scaled_add.pointer_block(*args)
+    memory = np.isin(np.arange(48), block).reshape(6, 8)  # memory drawn in lines of 8 elements
+    ax.imshow(memory, cmap="Oranges", vmin=-0.3, vmax=1.3)
+    for (r, c), hit in np.ndenumerate(memory):
+        ax.text(c, r, r * 8 + c, ha="center", va="center", fontsize=7, fontweight="bold" if hit else "normal")
+    ax.set_title(f"{title}\noffsets read: {block.tolist()}", fontsize=7)
+    ax.set_xticks([]), ax.set_yticks([])
+plt.show()
+
+# %% [markdown]
+# ### Row sums
 #
 # The warm-up kernel sums every row of an `M × N` matrix $x$ into a vector $y$ of length `M`.
 # It is a matrix multiply by a column of ones, and its kernel has the GEMM's skeleton without
@@ -622,6 +725,64 @@ else:
     print("needs a GPU: TF32 is a tensor-core format")
 
 # %% [markdown]
+# ### Shapes tensor cores like
+#
+# A tensor-core instruction multiplies a fixed tile (for fp16 on Ampere, `mma.sync` is
+# 16 × 8 × 16), and the kernels that feed it load each row of an operand in 16-byte vectors. The
+# sizes of M, N and K therefore matter. NVIDIA's *Matrix Multiplication Background* guide states
+# the rule in its Table 1: before cuBLAS 11.0, fp16 GEMMs used tensor cores only when the
+# dimensions were **multiples of 8** (16 bytes); since 11.0 they always may, but run most
+# efficiently at multiples of 8, and on an A100 at **multiples of 64** (128 bytes). For TF32 the
+# same bytes are 4 and 32 elements, for int8 16 and 128. A dimension one short, K = 4095 in
+# fp16, puts every row of a row-major A but the first off its 16-byte boundary: the aligned
+# vector loads are no longer allowed, and the library falls back to a slower kernel.
+#
+# `shapes.aligned` checks the rule; `timing.compare` times a product with K = 4095 against
+# K = 4096. A CPU's BLAS has no tensor cores and no such cliff, so whatever ratio it shows says
+# nothing about them; the tensor-core effect needs a GPU.
+
+# %%
+from fastdl_lab import shapes
+
+for m, n, k in [(4096, 4096, 4096), (4096, 4096, 4095), (8, 50257, 768), (8, 50304, 768)]:
+    rule = shapes.aligned(m, n, k, torch.float16)
+    print(f"fp16 M,N,K = {m},{n},{k}: " + ", ".join(
+        f"{d} {'128 B' if r['128 B'] else '16 B' if r['16 B'] else 'misaligned'}" for d, r in rule.items()))
+m = 64 if QUICK else 512
+a_odd, b_odd = shapes.k_alignment_operands(4095, m, m, dev=DEV)
+a_even, b_even = shapes.k_alignment_operands(4096, m, m, dev=DEV)
+cmp = timing.compare(lambda: a_odd @ b_odd, lambda: a_even @ b_even, reps=3 if QUICK else 20)
+print(f"fp32 on {DEV}, {m}x{m} outputs, K=4095 vs K=4096: {cmp}")
+if GPU:
+    for k in (4095, 4088):  # 4088 = 511 x 8: aligned, one step of 8 short of 4096
+        a, b = shapes.k_alignment_operands(k, 8192, 8192, torch.float16, "cuda")
+        a64, b64 = shapes.k_alignment_operands(4096, 8192, 8192, torch.float16, "cuda")
+        print(f"fp16 8192x8192, K={k} vs K=4096: {timing.compare(lambda: a @ b, lambda: a64 @ b64)}")
+else:
+    print("needs a GPU: the K=4095 cliff is the tensor cores' and their 16-byte loads'")
+
+# %% [markdown]
+# **Padding a vocabulary.** The one dimension a model designer rarely chooses is the vocabulary:
+# GPT-2's has 50 257 tokens, odd, so its output projection (hidden size → 50 257 logits, the
+# largest matmul of a small language model) is misaligned in N. The fix is to pad the vocabulary to
+# a multiple of 64, 50 304, with rows no token id ever reaches: `shapes.pad_embedding` adds zero
+# rows to the embedding table, and `shapes.pad_lm_head` computes 50 304 logits and slices the
+# first 50 257 back, so a softmax or a loss never sees the padding. The model computes the same:
+
+# %%
+vocab, hidden = (1000, 32) if QUICK else (50257, 256)
+torch.manual_seed(0)
+embedding, head = torch.nn.Embedding(vocab, hidden), torch.nn.Linear(hidden, vocab)
+padded_embedding, padded_head = shapes.pad_embedding(embedding), shapes.pad_lm_head(head)
+tokens = torch.randint(0, vocab, (2, 16))
+logits, padded_logits = head(embedding(tokens)), padded_head(padded_embedding(tokens))
+assert padded_logits.shape == logits.shape and torch.allclose(padded_logits, logits, atol=1e-6)
+rows = padded_head.proj.out_features
+assert rows % 64 == 0 and rows - vocab < 64
+print(f"vocabulary {vocab} -> {rows} rows in the head and the table; logits {tuple(padded_logits.shape)}, "
+      f"the same as unpadded")
+
+# %% [markdown]
 # ## 9. Every version on the roofline
 #
 # Each point: the rate achieved (minimum-traffic FLOPs over time) against the arithmetic
@@ -772,6 +933,73 @@ else:
     print(f"MATMUL_CONFIG {_config} is valid; needs a GPU: speed is graded only on GPU profiles")
 
 # %% [markdown]
+# ## 12. Convolution as a matrix multiply
+#
+# A convolution layer is a GEMM in disguise. Output pixel `(p, q)` of filter `o` is the dot
+# product of that filter's `C × KH × KW` weights with the `C × KH × KW` input values under the
+# window at `(p, q)`. Copy those values out, one column per output pixel, and the layer becomes
+# one matrix product:
+#
+# $$\underbrace{W}_{O \times C K_H K_W} \cdot \underbrace{\text{cols}(x)}_{C K_H K_W \times O_H O_W}
+#   = \underbrace{y}_{O \times O_H O_W} \quad\text{per image.}$$
+#
+# Building `cols(x)` is **im2col** ("image to columns"). `im2col.im2col` takes one strided slice
+# of the padded input per kernel offset `(i, j)`: slice `(i, j)` holds, at every output position,
+# the input pixel that offset sees, stepping by the stride. Stacking the `KH × KW` slices gives the
+# columns; `im2col.conv2d_im2col` multiplies them by the flattened filters and adds the bias.
+
+# %%
+from fastdl_lab import im2col
+
+for (n, c, h, w), (o, k), stride, padding in [((2, 3, 10, 9), (4, 3), 1, 1), ((1, 5, 11, 11), (6, 5), 2, 2),
+                                                ((2, 4, 8, 8), (3, 1), 1, 0)]:
+    x, weight, bias = checks.randn(n, c, h, w, seed=1), checks.randn(o, c, k, k, seed=2), checks.randn(o, seed=3)
+    ours = im2col.conv2d_im2col(x, weight, bias, stride=stride, padding=padding)
+    theirs = torch.nn.functional.conv2d(x, weight, bias, stride=stride, padding=padding)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4), (ours - theirs).abs().max()
+    cols = im2col.im2col(x, k, stride, padding)
+    print(f"{k}x{k} conv, stride {stride}, padding {padding}: x {tuple(x.shape)} -> columns {tuple(cols.shape)} "
+          f"-> y {tuple(ours.shape)}; matches F.conv2d")
+
+# %% [markdown]
+# **The price is memory.** Every input value sits under up to `KH × KW` windows, so im2col copies
+# it up to `KH × KW` times: the columns hold $K_H K_W \cdot O_H O_W / (H W)$ elements per input
+# element, about $K_H K_W / \text{stride}^2$. A 3 × 3 convolution with padding 1 makes **9
+# copies** of its input; a 1 × 1 convolution makes none (its im2col is a reshape, the layer was
+# already a GEMM). For one ResNet-50 stage-1 layer, 64 channels of 56 × 56 at a batch of 256:
+
+# %%
+n, c, h = 256, 64, 56
+for k, stride, padding in [(3, 1, 1), (3, 2, 1), (7, 2, 3), (1, 1, 0)]:
+    grow = im2col.im2col_expansion(h, h, k, stride, padding)
+    print(f"{k}x{k} stride {stride}: input {n * c * h * h * 4 / 2**20:6.0f} MiB fp32, "
+          f"columns {grow * n * c * h * h * 4 / 2**20:7.0f} MiB ({grow:.2f}x)")
+
+# %% [markdown]
+# Moving that matrix through memory costs what it weighs: the GEMM itself is efficient, but it is
+# fed by a write and a read of `KH × KW` times the input. This is why cuDNN's main algorithms are
+# **implicit GEMM**: the kernel is a tiled matmul like yours, whose loads of the "B" tile compute
+# the input addresses of each column on the fly (from the output pixel, the kernel offset, the
+# stride and the padding, with a mask for the padding), so the columns only ever exist as tiles in
+# shared memory. cuDNN still offers the explicit version (`CUDNN_CONVOLUTION_FWD_ALGO_GEMM`, which
+# needs a workspace the size of the columns) among others (FFT, Winograd); with
+# `torch.backends.cudnn.benchmark = True` PyTorch times the candidates for each new shape and
+# keeps the fastest.
+#
+# On this machine, the explicit route against PyTorch's own convolution:
+
+# %%
+if QUICK:  # a second of timing per graded run buys nothing
+    print("the timing is left out of the grader's quick run of this notebook (FASTDL_QUICK=1)")
+else:
+    x = checks.randn(32, 32, 28, 28, device=DEV, seed=4)
+    weight = checks.randn(64, 32, 3, 3, device=DEV, seed=5)
+    cmp = timing.compare(lambda: im2col.conv2d_im2col(x, weight, padding=1),
+                         lambda: torch.nn.functional.conv2d(x, weight, padding=1))
+    print(f"im2col + matmul vs F.conv2d, {tuple(x.shape)} * 64 3x3 filters: {cmp}")
+
+# %% [markdown]
 # ## Summary
 #
 # - A matrix multiply does $O(n^3)$ work on $O(n^2)$ data; tiling turns that into arithmetic
@@ -782,7 +1010,11 @@ else:
 #   stride-1 dimension coalesce.
 # - Tensor cores are where a modern GPU's FLOPs are; fp16, bf16 and TF32 are the ways in.
 #   TF32 trades mantissa bits for speed and is opt-in in PyTorch, default in `tl.dot`.
+#   They want M, N and K in multiples of 16 bytes, best 128 (fp16: 8 and 64): pad what you
+#   choose, such as a vocabulary, and slice the padding off the result.
 # - Tiles, `num_warps` and `num_stages` trade reuse against registers and shared memory, and so
 #   against how many programs share an SM; the compiler reports the costs, the clock decides.
 # - Compare against a tuned baseline, in the same precision, measured the same way — then
 #   "100×" shrinks to what the hardware's roofs allow.
+# - A convolution is a GEMM over im2col's columns, at the cost of `KH × KW` copies of its input;
+#   implicit GEMM computes the columns' addresses inside the tiles' loads instead.

@@ -37,7 +37,9 @@
 # 4. fold a BatchNorm into the convolution before it, for inference *(graded: `conv_bn_fold`,
 #    3 points)*;
 # 5. train through Conv → BatchNorm while keeping less memory for backward, by recomputing
-#    *(graded: `convbn_memory`, 3 points)*.
+#    *(graded: `convbn_memory`, 3 points)*;
+# 6. see what the compiler sees: graph breaks, recompiles, CUDA graphs, and TorchScript's trace
+#    against its script.
 #
 # Without a GPU, Triton kernels run in the Triton interpreter (see lab 01): correct, and far too
 # slow to time. Timings on a CPU are of PyTorch's CPU kernels.
@@ -663,6 +665,119 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
+# ## 7. What the compiler sees
+#
+# `torch.compile` does not read your function's source. Its front end, **Dynamo**, runs the
+# function's Python bytecode symbolically and records every tensor operation into a graph, which
+# the back end (Inductor) turns into fused kernels as in section 2. Two things interrupt it:
+#
+# - a **graph break**: an instruction a graph cannot hold. The classic one is a branch on a
+#   tensor's *values*, `if y.sum() > 0:` — which way it goes is unknown until the tensor exists.
+#   Dynamo ends the graph before the branch, lets Python run it, and starts a new graph after.
+#   Each break costs a return to Python and cuts fusion across it;
+# - a **recompile**: every graph is guarded by what Dynamo assumed while recording (shapes,
+#   dtypes, devices, and the *values* of plain Python numbers, which become constants). A call
+#   that breaks a guard compiles a new version.
+#
+# `torch._dynamo.explain` runs Dynamo only and reports what it found. `compiler.data_dependent`
+# computes `sin(x) * scale`, then takes `cos` or `exp` depending on the sign of its sum:
+
+# %%
+import inspect
+
+from fastdl_lab import compiler
+
+print(inspect.getsource(compiler.data_dependent))
+found = compiler.graph_breaks(compiler.data_dependent, torch.randn(8))
+print(f"{found.graphs} graphs, {found.breaks} graph break(s):")
+for reason in found.reasons:
+    print("  ", reason)
+assert found.breaks == 1 and found.graphs == 2
+
+# %% [markdown]
+# In a real program, ask torch to say what happens while it runs: the environment variable
+# `TORCH_LOGS=graph_breaks,recompiles` (read when torch starts, so here in a fresh Python) logs
+# every break with its reason and every recompile with the guard that failed. The script below
+# compiles `data_dependent` and calls it three times: as it is, with `scale=3.0` instead of `2.0`,
+# and with float64 input. Only the headlines are printed; the full messages also carry hints and
+# the user's stack.
+
+# %%
+print(compiler.LOG_DEMO)
+if QUICK:  # a fresh Python with torch and Dynamo: 10-15 s on a CPU
+    print("left out of the grader's quick run of this notebook (FASTDL_QUICK=1)")
+else:
+    headlines = ("Graph break in user code", "Graph Break Reason", "Recompiling function", "triggered by")
+    for line in compiler.torch_logs():
+        if any(h in line for h in headlines) or (" - " in line and ("==" in line or "mismatch" in line)):
+            print(line)
+
+# %% [markdown]
+# `explain` names the break tersely (`generic_jump TensorVariable()`: a jump, the `if`, that
+# depends on a tensor) and the logs spell it out. In the logs, `[0/1]` is frame 0's second
+# compile; `torch_dynamo_resume_in_data_dependent_at_…` is the code after the break, compiled as a
+# frame of its own. Read the recompiles: `scale == 2.0` was a guard, so `3.0` compiled the
+# function again (a number that changes every call should be a tensor), and float64 input failed
+# the dtype guard. Each recompile costs a compile, and after
+# `torch._dynamo.config.recompile_limit` of them (8 by default) Dynamo stops compiling the
+# function and runs it eagerly. The data-dependent break is
+# fundamental: make the code branchless (compute both sides and `torch.where`), or express the
+# branch with `torch.cond`, which puts both branches in the graph.
+#
+# ### CUDA graphs: `mode="reduce-overhead"`
+#
+# Section 1's flat curve is overhead: per op the host pays Python, the dispatcher and a kernel
+# launch. Fusion removes the ops it can merge; a **CUDA graph** removes the launches of the rest.
+# The GPU records a whole sequence of kernels once, and from then on the host replays it with one
+# call. `torch.compile(fn, mode="reduce-overhead")` does this for each compiled graph: it records
+# after a few warm-up calls and replays afterwards, with inputs copied into the recorded
+# addresses. The gain is largest where section 1 says the time goes to launches: many small
+# kernels, such as `compiler.tiny_layers`, a stack of 32 linear layers of 64 × 64 on a batch of 8.
+# A CUDA graph is a GPU object: there is nothing to record on a CPU.
+
+# %%
+if GPU:
+    results = compiler.reduce_overhead_timings()
+    for name, t in results.items():
+        print(f"{name:>16}: {t}")
+    print(f"reduce-overhead vs eager: {results['eager'].median / results['reduce-overhead'].median:.1f}x")
+else:
+    print("needs a GPU: mode='reduce-overhead' records and replays CUDA graphs")
+
+# %% [markdown]
+# ### TorchScript: tracing vs scripting
+#
+# Before `torch.compile`, PyTorch's way to get a graph out of Python was **TorchScript**, which
+# you will still meet in older code and deployment recipes. It has two entry points that disagree
+# exactly where Dynamo breaks the graph:
+#
+# - `torch.jit.trace(fn, example)` runs `fn` once on `example` and records the operations that ran.
+#   A branch is not an operation: the side the example took is recorded, the other is lost;
+# - `torch.jit.script(fn)` compiles the source, in a subset of Python, and keeps the `if`.
+#
+# `compiler.sign_scale` returns `2x` when `x` sums to more than 0 and `-x` otherwise. Traced on a
+# positive example and called on a negative one:
+
+# %%
+probe = compiler.trace_vs_script(compiler.sign_scale, example=torch.ones(4), other=-torch.arange(1.0, 5.0))
+for name, out in probe["outputs"].items():
+    print(f"{name:>9}: {out.tolist()}")
+print("traced code:\n" + probe["traced_code"])
+print("scripted code:\n" + probe["scripted_code"])
+print("warnings when tracing:", *probe["warnings"]["trace"], sep="\n  ")
+print("warnings when calling:", probe["warnings"]["calls"])
+assert torch.equal(probe["outputs"]["scripted"], probe["outputs"]["eager"])
+assert not torch.equal(probe["outputs"]["traced"], probe["outputs"]["eager"])
+
+# %% [markdown]
+# The trace froze the branch into `x * 2`: called on a negative input it returns the wrong answer,
+# and says nothing when it does; the only sign was a `TracerWarning` once, at trace time. The
+# script kept both sides. PyTorch's documentation marks TorchScript as deprecated (both calls
+# warn so above) and points to `torch.compile` for speed and `torch.export` for a whole-program
+# graph to deploy. `torch.export` refuses a data-dependent branch with an error instead of
+# guessing, and takes `torch.cond` for one.
+
+# %% [markdown]
 # ## Summary
 #
 # - Three regimes: **overhead** (time per op flat in the size: batch, fuse, leave Python),
@@ -675,3 +790,7 @@ plt.show()
 # - Some fusions are exact rewrites of the model: BatchNorm folds into the conv before it at
 #   inference. Others trade work for memory: recomputing the conv output in backward saves
 #   the largest tensor Conv → BN would keep.
+# - The compiler sees bytecode, not source: a branch on a tensor's values breaks the graph, a new
+#   shape, dtype or Python number recompiles it (`torch._dynamo.explain`, `TORCH_LOGS`). CUDA
+#   graphs (`mode="reduce-overhead"`) replay a GPU's launches in one call. A trace silently keeps
+#   the branch its example took.

@@ -339,6 +339,43 @@ print(f"decoded once in {decoded.decode_s:.2f} s, holding {decoded.images.nbytes
       f"against {sum(map(len, jpegs)) / 2**20:.1f} MiB of JPEG")
 
 # %% [markdown]
+# ### Crossing to the device
+#
+# A prepared batch still has to reach the GPU, over the link between host and device. The
+# arithmetic comes first, and it runs anywhere: one batch of 256 images of 3 × 224 × 224, sent as
+# fp32 and as the uint8 a decoder produces, over the links' specified one-way bandwidths
+# (`transfer.LINKS_GBS`):
+
+# %%
+from fastdl_lab.data import transfer
+
+batch = (256, 3, 224, 224)
+for dtype in (torch.float32, torch.uint8):
+    nbytes = transfer.batch_bytes(batch, dtype)
+    times = ", ".join(f"{name} {transfer.link_seconds_ref(nbytes, gbs) * 1e3:.2f} ms"
+                      for name, gbs in transfer.LINKS_GBS.items())
+    print(f"{str(dtype).removeprefix('torch.'):>7} batch, {nbytes / 1e6:5.1f} MB: {times}")
+
+# %% [markdown]
+# Those are floors: a copy reaches them only from **pinned** memory. From ordinary (pageable)
+# host memory the driver first copies the bytes into a pinned staging buffer of its own, and the
+# host waits for the whole copy. From pinned memory the GPU's copy engine reads the bytes itself,
+# and `non_blocking=True` returns at once, so the copy of batch $i+1$ overlaps the kernels of
+# batch $i$. Sending uint8 and converting on the device (section 4) moves a quarter of the bytes.
+#
+# On a GPU, the cell below times a pageable copy, a pinned asynchronous one and a 4096³ fp16
+# matmul with the course's harness: compare the milliseconds of moving 256 MiB with the
+# milliseconds of computing on what is already there.
+
+# %%
+if device.has_gpu():
+    moved = transfer.copy_vs_matmul(nbytes=(32 if QUICK else 256) << 20, matmul_n=1024 if QUICK else 4096)
+    for name, t in moved["timings"].items():
+        print(f"{name:>28}: {t}, {moved['rates'][name]}")
+else:
+    print("needs a GPU: a host-to-device copy, pinned or pageable, needs a device to copy to")
+
+# %% [markdown]
 # ## 4. Images: decoding and augmenting
 #
 # Two ways to decode less: ask the JPEG decoder for a smaller image (`Image.draft` makes libjpeg

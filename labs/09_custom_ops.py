@@ -30,7 +30,9 @@
 #    bit-exact *(graded: `int8_matmul`, 4 points; on GPU profiles `int8_matmul_speed`, 2 points)*;
 # 4. train with fake quantisation and the straight-through estimator, and beat post-training
 #    quantisation *(graded: `qat_beats_ptq`, 3 points)*;
-# 5. fold BatchNorm into the preceding Linear for inference and measure what `torch.compile` adds.
+# 5. fold BatchNorm into the preceding Linear for inference and measure what `torch.compile` adds;
+# 6. distil a large model into a small one for fast single requests, against the same small model
+#    trained on labels.
 #
 # **How this lab is graded.** The grader takes your C++ source (the string `LLTM_CPP`), your
 # functions and classes, and your kernel out of their cells and runs each on its own: the C++ is
@@ -488,6 +490,56 @@ if folded is not None:
 # state in it; the first call compiles (tens of seconds on a CPU), later calls run the generated
 # code. The benchmark (`benchmarks/quant.py`) records eager, folded and compiled side by side.
 #
+# ## 6. A smaller model: distillation
+#
+# Quantisation and fusion make a given model cheaper. For a single request, the other lever is a
+# model that does less work in the first place, and a small model trained on labels alone is
+# usually worse than a large one. **Distillation** trains the small model (the *student*) on what
+# a large trained model (the *teacher*) outputs. Softened by a temperature $T$, the teacher's
+# distribution ranks the wrong classes too (this 4 looks a little like a 9, not at all like a 0),
+# which is more information per example than a one-hot label. The loss
+# (`distill.distillation_loss_ref`) is
+#
+# $$T^2 \,\mathrm{KL}\big(\mathrm{softmax}(z_t / T)\,\big\|\,\mathrm{softmax}(z_s / T)\big),$$
+#
+# where the $T^2$ keeps the gradients the size of a cross-entropy's as $T$ grows; it can be mixed
+# with the cross-entropy on the labels. The experiment: scikit-learn's handwritten digits (8 × 8
+# scans), a teacher MLP trained on 1200 labelled digits (64 → 128 → 128 → 10; a one-layer 64 → 64
+# → 10 in the grader's quick run), then one student (64 → 16 → 10) trained twice from the same
+# initialisation on the same 100 examples for the same steps, once on their hard labels and once
+# on the teacher's soft targets at $T = 4$.
+
+# %%
+from fastdl_lab import distill
+
+seeds = [0] if QUICK else [0, 1, 2, 3, 4]
+# The grader's run: a one-layer teacher and fewer steps (0.3 s instead of 1-2 s per seed).
+smaller = dict(teacher_sizes=(64, 64, 10), teacher_steps=80, student_steps=100) if QUICK else {}
+for seed in seeds:
+    kd = distill.experiment(seed, **smaller)
+    print(f"seed {seed}: teacher {kd['teacher']:.1%} ({kd['params']['teacher']:,} parameters); student "
+          f"({kd['params']['student']:,}): hard labels {kd['hard labels']:.1%}, distilled {kd['distilled']:.1%}")
+
+# %% [markdown]
+# What it buys at serving time, on this machine: one request (one digit) through the teacher and
+# through the student, timed A/B.
+
+# %%
+one = distill.digits_split(0)[2][:1]
+with torch.inference_mode():
+    print(timing.compare(lambda: kd["models"]["distilled"](one), lambda: kd["models"]["teacher"](one),
+                         warmup=2, reps=3 if QUICK else 50))
+
+# %% [markdown]
+# The student has 4 to 21 times fewer multiply-adds than the teacher (the parameter counts above),
+# but one request through either is a few tiny matmuls, so the time goes to per-op overhead (lab
+# 02's flat curve), and the ratio is closer to the ratio of *layers* than of FLOPs. For a model large enough to be compute- or
+# bandwidth-bound, the parameter ratio is what a request saves. Distillation is not free
+# accuracy: trained on all 1200 labelled digits instead of 100 (`transfer=1200`), the distilled
+# student ended level with the hard-label one or up to 1.2 points behind it (seeds 0-4, measured
+# on the 2-core course machine). It pays where the student's labelled data are few and the
+# teacher's knowledge fills in.
+#
 # ## GPU speed item
 #
 # On GPU profiles the grader times your int8 kernel against the float16 matmul it replaces, A/B in
@@ -511,3 +563,5 @@ else:
 #   tensor-core rate.
 # - When post-training rounding costs too much accuracy, train with the rounding in the loop (QAT,
 #   straight-through estimator).
+# - A smaller model serves a request with less work; distillation trains it on the teacher's
+#   softened outputs, which carry more per example than labels.

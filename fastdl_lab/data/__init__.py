@@ -6,4 +6,5 @@
 - ``loaders``: a dataset with a real per-item decode and augment cost, DataLoader throughput;
 - ``images``: decoding JPEGs and augmenting on the host or the device;
 - ``text``: padding, length bucketing and sequence packing on real text lengths.
+- ``transfer``: host-to-device copies, pageable and pinned, against a matmul on the device.
 """
