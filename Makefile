@@ -160,14 +160,13 @@ build: $(STAMP) sandbox-tool c-compiler
 
 # Student mode: the release notebooks, copied once into the working folder (work/, kept by
 # `make clean` and ignored by git), run by the `fastdl-student` kernel, which imports the student
-# copy of the package (no solutions). MPLBACKEND is left to the kernel so plots show inline.
+# copy of the package (no solutions). The command and its settings (deploy/jupyter/selfstudy:
+# Validate only, no news, the kernel started on opening) are defined once, in
+# autograder/selfstudy.py, which the browser test starts too. LAB_ARGS go to JupyterLab.
 WORK := $(CURDIR)/work
 LAB_SETTINGS := $(CACHE)/jupyter/lab-settings
-# nbgrader's tools for a learner on their own: Validate, and no formgrader or exchange (there is no course).
 lab: $(STAMP)
-	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder workspace
-	cd $(WORK) && env -u MPLBACKEND JUPYTER_CONFIG_PATH=$(CURDIR)/deploy/jupyter/selfstudy ../$(BIN)/jupyter lab --allow-root --ServerApp.root_dir=$(WORK) \
-	  --MultiKernelManager.default_kernel_name=fastdl-student
+	FASTDL_WORK_DIR=$(WORK) $(BIN)/python -m autograder lab $(LAB_ARGS)
 
 # Instructor mode: labs/*.py with their solutions, opened as notebooks through jupytext.
 lab-instructor: $(STAMP)

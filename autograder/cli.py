@@ -299,6 +299,18 @@ def cmd_roster_passwd(args) -> int:
     return 0
 
 
+def cmd_lab(args) -> int:
+    """``make lab``: the workspace, then JupyterLab in its place (Ctrl+C reaches the server itself)."""
+    from autograder import selfstudy
+
+    cmd_workspace(args)
+    work = selfstudy.work_dir()
+    argv, env = selfstudy.lab_command(work, *args.jupyter_args)
+    sys.stdout.flush()
+    os.chdir(work)
+    os.execve(argv[0], argv, env)
+
+
 def parser() -> argparse.ArgumentParser:
     # Usage and errors name the interpreter by its path, as the commands the CLI prints do.
     p = argparse.ArgumentParser(prog=hints.autograder("").rstrip(), description=__doc__)
@@ -378,6 +390,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("hub", metavar="FILE", help="the file roster import --hub wrote")
     r.set_defaults(func=cmd_roster_passwd)
 
+    s = sub.add_parser("lab", help="student mode: the workspace, then JupyterLab on it with the self-study settings "
+                                   "(make lab); any further arguments go to JupyterLab, e.g. --no-browser --port 8890")
+    s.set_defaults(func=cmd_lab)
+
     s = sub.add_parser("demo", parents=[grading], help="build, grade the bundled demo submissions, report")
     s.add_argument("labs", nargs="*")
     s.set_defaults(func=cmd_demo)
@@ -400,7 +416,13 @@ def main(argv: list[str] | None = None) -> int:
     from autograder.engine.toolchain import ToolMissing
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser().parse_args(argv)
+    # `lab` hands the arguments it does not know to JupyterLab (argparse's REMAINDER would take
+    # none that start with a dash); every other command refuses them.
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and args.command != "lab":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.jupyter_args = extra
     # nbgrader and its tools are run by name (alembic): this interpreter's bin first, whether or
     # not the venv was activated.
     os.environ["PATH"] = tool_env()["PATH"]

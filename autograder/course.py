@@ -36,6 +36,7 @@ CONFIG = """\
 # Written by `python -m autograder build`; edit autograder/course.py instead.
 from autograder.execute import autograde_preprocessors
 from autograder.formgrader import TrustedAutograde
+from autograder import feedback_html
 from autograder.feedback import ClearHiddenTestsInTestCells, TrustedVerdicts
 from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -55,6 +56,10 @@ c.Execute.kernel_manager_class = "autograder.engine.kernel_jail.JailedKernelMana
 c.OverwriteCells.add_missing_cells = True
 c.ClearHiddenTests.enforce_metadata = False
 c.GenerateFeedback.preprocessors = [ClearHiddenTestsInTestCells, TrustedVerdicts, GetGrades, CSSHTMLHeaderPreprocessor]
+# Feedback pages that call no one: math as MathML, no MathJax from a CDN (autograder/feedback_html.py).
+c.GenerateFeedback.exporter_class = "autograder.feedback_html.OfflineFeedbackExporter"
+c.HTMLExporter.template_name = feedback_html.TEMPLATE_NAME
+c.HTMLExporter.extra_template_basedirs = [str(feedback_html.TEMPLATES), str(feedback_html.NBGRADER_TEMPLATES)]
 c.TrustedVerdicts.records_dir = {records!r}
 """
 

@@ -22,6 +22,10 @@ from autograder.strip import strip_package
 WORK_VAR = "FASTDL_WORK_DIR"
 KERNEL_NAME = "fastdl-student"
 KERNEL_DISPLAY = "Python 3 (fastdl-lab, student package)"
+# JupyterLab's settings in self-study (nbgrader's Validate only, no news, the student kernel started
+# on opening a notebook), the only folder on JUPYTER_CONFIG_PATH: a learner's own settings in
+# JUPYTER_CONFIG_DIR still apply on top.
+SETTINGS = ROOT / "deploy" / "jupyter" / "selfstudy"
 
 # The kernel's launcher. The editable install puts the repository root on every interpreter's
 # path (a .pth file): there, `fastdl_lab` would be the package with its solutions and
@@ -123,3 +127,16 @@ def prepare(course: Course, work: Path | None = None, data_dir: Path | None = No
     ensure_built(course)
     install_kernel(course, data_dir or jupyter_data_dir())
     return make_working_copies(course, work)
+
+
+def lab_command(work: Path, *args: str, env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``make lab``'s JupyterLab on ``work`` (to be run with
+    ``work`` as its working folder), ``args`` added: ``make lab`` and the browser test both start
+    it from here, so the test sees what a learner sees."""
+    env = dict(os.environ if env is None else env)
+    # The kernel then picks matplotlib's inline backend; the Makefile exports Agg for everything else.
+    env.pop("MPLBACKEND", None)
+    env["JUPYTER_CONFIG_PATH"] = str(SETTINGS)
+    # Root is refused by default; a container or a CI machine often runs as root.
+    argv = [sys.executable, "-m", "jupyter", "lab", "--allow-root", f"--ServerApp.root_dir={work}", *args]
+    return argv, env

@@ -1,12 +1,16 @@
 """The course in a real browser: Debian's Chromium driven by Playwright (no browser download).
 
-One private JupyterLab server (loopback, a token, its own JUPYTER_* folders) serves a working
-folder holding lab 00's student release and a copy of the demo course graded in
-test_grading_pipeline.py. A student opens the lab, runs a cell and presses Validate; an instructor
-sees the graded submissions in formgrader with the engine's scores; a feedback page renders in
-the browser without the hidden tests. Screenshots go to build/screenshots/.
+Two private JupyterLab servers (loopback, a token, their own JUPYTER_* folders). One is `make lab`
+itself (`python -m autograder lab`, the self-study settings, the fastdl-student kernel) on a copy of
+the demo course built for test_grading_pipeline.py: a learner opens lab 00 and meets no dialog, no
+news and no empty menu, the kernel starts by itself, a cell runs and Validate reports. The other
+serves the graded demo course to formgrader, where an instructor sees the engine's scores. A
+feedback page renders from the file system with the network cut off: its equations are drawn and
+no hidden test shows. Pages may reach the loopback servers and files only. Screenshots go to
+build/screenshots/.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -22,7 +26,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import pipeline
+from autograder import pipeline, selfstudy
 from autograder.course import COURSE_ID, copy_build
 from autograder.engine.items import load_lab
 from autograder.engine.sandbox import descendants
@@ -56,39 +60,50 @@ def browser():
         chromium.close()
 
 
+def private_jupyter(folder: Path) -> dict[str, str]:
+    """This machine's environment with every Jupyter folder of its own under ``folder``: nothing of
+    the user's settings, kernels or workspaces reaches the page, and the test writes none of theirs."""
+    jupyter = folder / "jupyter"
+    return {**os.environ,
+            "JUPYTER_CONFIG_DIR": str(jupyter / "config"), "JUPYTER_DATA_DIR": str(jupyter / "data"),
+            "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "lab-settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(jupyter / "workspaces"), "IPYTHONDIR": str(folder / "ipython")}
+
+
 class LabServer:
-    def __init__(self, folder: Path, student_package: Path):
+    """A JupyterLab server on loopback, a random port and token, started by ``argv`` (to which
+    the address options are added) in ``cwd``; its log in ``folder``."""
+
+    def __init__(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path):
         self.folder = folder
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        jupyter = folder / "jupyter"
-        env = {**os.environ,
-               "JUPYTER_CONFIG_DIR": str(jupyter / "config"), "JUPYTER_DATA_DIR": str(jupyter / "data"),
-               "JUPYTER_RUNTIME_DIR": str(jupyter / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(jupyter / "lab-settings"),
-               "JUPYTERLAB_WORKSPACES_DIR": str(jupyter / "workspaces"), "IPYTHONDIR": str(folder / "ipython"),
-               # The student's view: the package copy with its solutions stubbed, quick experiments.
-               "PYTHONPATH": str(student_package), "FASTDL_QUICK": "1"}
-        env.pop("MPLBACKEND", None)  # as `make lab`: the kernel picks the inline backend
-        # No news or update checks: the page would ask first, over the screenshots, then go online.
-        notification = jupyter / "lab-settings" / "@jupyterlab" / "apputils-extension"
-        notification.mkdir(parents=True)
-        (notification / "notification.jupyterlab-settings").write_text(
-            json.dumps({"fetchNews": "false", "checkForUpdates": False}))
         self.log = (folder / "server.log").open("w")
-        # The contents manager and formats of `make lab`, so the lab opens as it does there.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-             f"--ServerApp.root_dir={folder}",
-             "--ServerApp.contents_manager_class=jupytext.TextFileContentsManager",
-             "--ContentsManager.default_jupytext_formats=py:percent"],
-            cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [*argv, "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+             "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}"],
+            cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @classmethod
+    def make_lab(cls, folder: Path, course) -> "LabServer":
+        """`make lab` itself: `python -m autograder lab` (the command the Makefile runs) on
+        ``course``, working copies in ``folder``/work, the student kernel installed in the private
+        data folder. One difference: quick experiments, so that Validate runs the lab in minutes."""
+        env = {**private_jupyter(folder), selfstudy.WORK_VAR: str(folder / "work"), "FASTDL_QUICK": "1"}
+        argv = [sys.executable, "-m", "autograder", "--course", str(course.root), "lab"]
+        return cls(folder, argv, env, cwd=folder)
+
+    @classmethod
+    def formgrader(cls, folder: Path) -> "LabServer":
+        """A plain server in ``folder``, whose nbgrader_config.py names the graded course."""
+        argv = [sys.executable, "-m", "jupyter", "lab", "--allow-root", f"--ServerApp.root_dir={folder}"]
+        return cls(folder, argv, private_jupyter(folder), cwd=folder)
 
     def url(self, path: str) -> str:
         return f"{self.base}/{path.lstrip('/')}?token={self.token}"
 
-    def wait_ready(self, timeout_s: float = 90) -> None:
+    def wait_ready(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -148,42 +163,93 @@ def _graded_copy(graded, root: Path):
     return copy
 
 
+@contextlib.contextmanager
+def _serving(lab_server: LabServer):
+    try:
+        lab_server.wait_ready()
+        yield lab_server
+    finally:
+        left = lab_server.stop()
+    assert not left, f"processes of the JupyterLab server still running after its shutdown: {left}"
+
+
 @pytest.fixture(scope="module")
 def server(demo, tmp_path_factory):
+    """The formgrader's server on the graded demo course, and that course."""
     folder = tmp_path_factory.mktemp("browser")
     course = _graded_copy(demo[LAB].course, folder / "course")
     # The feedback test's page: made here, in the copy, for a student who lost points.
     assert pipeline.feedback(course, load_lab(LAB), [FEEDBACK_STUDENT]) == []
-    (folder / "student").mkdir()
-    shutil.copy(course.release(LAB), folder / "student" / f"{LAB}.ipynb")
     (folder / "exchange").mkdir()
     # Formgrader reads the course from an nbgrader_config.py in the server's working folder, and the
-    # course must lie below the server's root. Validate reads the same file, as on a student's server:
-    # it runs the notebook in a plain kernel, outside the grading sandbox.
+    # course must lie below the server's root.
     (folder / "nbgrader_config.py").write_text(
         "c = get_config()\n"
         f"c.CourseDirectory.root = {str(course.root)!r}\n"
         f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
         f"c.CourseDirectory.db_url = {course.db_url!r}\n"
         f"c.Exchange.root = {str(folder / 'exchange')!r}\n")
-    lab_server = LabServer(folder, course.student_package)
-    try:
-        lab_server.wait_ready()
+    with _serving(LabServer.formgrader(folder)) as lab_server:
         yield lab_server, course
-    finally:
-        left = lab_server.stop()
-    assert not left, f"processes of the JupyterLab server still running after its shutdown: {left}"
+
+
+@pytest.fixture(scope="module")
+def make_lab(demo, tmp_path_factory):
+    """`make lab` on a copy of the demo course's build (every lab's release, the student package):
+    the server, the course and the working folder."""
+    folder = tmp_path_factory.mktemp("make-lab")
+    course = copy_build(demo[LAB].course, folder / "course")
+    with _serving(LabServer.make_lab(folder, course)) as lab_server:
+        yield lab_server, course, folder / "work"
+
+
+class Offline:
+    """Every request of a browser context that leaves this machine is refused and noted: pages
+    may load files, data and what the loopback servers serve, nothing else."""
+
+    LOCAL = ("file:", "data:", "blob:", "http://127.0.0.1:", "ws://127.0.0.1:")
+
+    def __init__(self, context):
+        self.refused: list[str] = []
+        context.route("**/*", self._route)
+
+    def _route(self, route):
+        if route.request.url.startswith(self.LOCAL):
+            route.continue_()
+        else:
+            self.refused.append(route.request.url)
+            route.abort()
+
+
+def _context(browser, token: str | None = None):
+    # The token on every request, the page's own API calls included (formgrader's tables are loaded
+    # by script, which a token in the page's URL would not cover).
+    headers = {"Authorization": f"token {token}"} if token else {}
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, extra_http_headers=headers)
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    return context, Offline(context)
 
 
 @pytest.fixture
 def page(browser, server):
-    lab_server, _ = server
-    # The token on every request, the page's own API calls included (formgrader's tables are loaded
-    # by script, which a token in the page's URL would not cover).
-    context = browser.new_context(viewport={"width": 1400, "height": 900},
-                                  extra_http_headers={"Authorization": f"token {lab_server.token}"})
-    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    context, offline = _context(browser, server[0].token)
     yield context.new_page()
+    context.close()
+    assert offline.refused == [], "the page asked for something off this machine"
+
+
+@pytest.fixture
+def lab_page(browser, make_lab):
+    context, offline = _context(browser, make_lab[0].token)
+    yield context.new_page()
+    context.close()
+    assert offline.refused == [], "JupyterLab asked for something off this machine"
+
+
+@pytest.fixture
+def file_page(browser):
+    context, offline = _context(browser)
+    yield context.new_page(), offline
     context.close()
 
 
@@ -221,10 +287,31 @@ def _run_cell(page, cell, attempts: int = 3) -> None:
     raise AssertionError(f"the cell never started after {attempts} Shift+Enter presses: {prompt.inner_text()!r}")
 
 
-def test_lab_opens_runs_a_cell_and_validate_reports(page, server):
-    lab_server, course = server
-    page.goto(lab_server.url(f"lab/tree/student/{LAB}.ipynb"))
-    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=KERNEL_TIMEOUT_MS)
+def test_make_lab_opens_a_lab_in_the_course_kernel_with_nothing_in_the_way(lab_page, make_lab):
+    page = lab_page
+    lab_server, course, work = make_lab
+    assert (work / f"{LAB}.ipynb").is_file(), f"`autograder lab` made no working copy: {lab_server.tail()}"
+    page.goto(lab_server.url(f"lab/tree/{LAB}.ipynb"))
+    # The kernel starts by itself: nothing is clicked. A "Select Kernel" dialog would stop it, so
+    # whichever comes first ends the wait.
+    idle = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+    page.locator(f"{idle}, .jp-Dialog").first.wait_for(timeout=KERNEL_TIMEOUT_MS)
+    # JupyterLab puts its news question up once the page is restored, about when the kernel starts.
+    page.wait_for_timeout(3000)
+    _shot(page, "lab-opened")
+    dialogs = page.locator(".jp-Dialog")
+    assert dialogs.count() == 0, f"a dialog is in the way: {dialogs.first.inner_text()!r}"
+    # Started: idle again once its first requests are answered (on a busy machine the indicator
+    # may pass through busy or connecting first).
+    page.locator(idle).wait_for(timeout=KERNEL_TIMEOUT_MS)
+    kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first.inner_text().strip()
+    assert kernel == selfstudy.KERNEL_DISPLAY
+    toasts = page.locator(".Toastify__toast")
+    assert toasts.count() == 0, f"a notification is up: {toasts.all_inner_texts()}"
+    # Self-study has no nbgrader list to open (no course), so no Nbgrader menu at all.
+    menus = [label.strip() for label in page.locator(".lm-MenuBar-itemLabel").all_inner_texts()]
+    assert "Kernel" in menus and "Nbgrader" not in menus, menus
+
     first = page.locator(".jp-NotebookPanel .jp-CodeCell").first
     # The editor fills in after the cell appears: wait for its text rather than read it at once.
     first.locator(".jp-InputArea-editor", has_text="device.describe()").wait_for(timeout=KERNEL_TIMEOUT_MS)
@@ -264,12 +351,24 @@ def test_formgrader_lists_submissions_with_the_engines_scores(page, server):
         assert float(shown.group(1)) == pytest.approx(total, abs=0.01), f"{student}: formgrader and engine differ"
 
 
-def test_feedback_page_renders_without_hidden_tests(page, server):
+def test_feedback_page_renders_math_offline_without_hidden_tests(file_page, server):
+    page, offline = file_page
     _, course = server
     html_file = course.feedback_dir(FEEDBACK_STUDENT, LAB) / f"{LAB}.html"
-    # From the file system, as a student opens a released feedback file.
+    # From the file system, as a student opens a released feedback file, with the network cut off.
     page.goto(html_file.as_uri())
     page.locator("body").wait_for()
+    # An equation of lab 00's roofline section, drawn as MathML: a box of its own, no TeX left.
+    paragraph = page.locator("p", has_text="arithmetic intensity").first
+    # Its text is the DOM's text content (MathML elements have no innerText): I=F/B.
+    equation = paragraph.locator("math").filter(has_text=re.compile(r"^I=F/B$")).first
+    equation.scroll_into_view_if_needed()
+    _shot(page, "feedback-math")
+    box = equation.bounding_box()
+    assert box and box["width"] > 0 and box["height"] > 0, box
+    assert "$" not in paragraph.inner_text()
+    assert offline.refused == [] and page.locator("script").count() == 0
+    page.evaluate("window.scrollTo(0, 0)")
     _shot(page, "feedback")
     text = page.locator("body").inner_text()
     assert "Autograder verdict for" in text

@@ -314,6 +314,34 @@ def test_each_role_sees_its_own_nbgrader_tools(role, formgrader, assignment_list
     assert disabled["disabledExtensions"].get("@jupyter/nbgrader:formgrader", False) is not formgrader
 
 
+def _lab_settings(role: str) -> tuple[dict, dict, dict]:
+    folder = ROOT / "deploy" / "jupyter" / role
+    server = json.loads((folder / "jupyter_server_config.json").read_text())
+    disabled = json.loads((folder / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
+    overrides_file = folder / "labconfig" / "default_setting_overrides.json"
+    overrides = json.loads(overrides_file.read_text()) if overrides_file.exists() else {}
+    return server, disabled, overrides
+
+
+@pytest.mark.parametrize("role", ["student", "selfstudy"])
+def test_a_students_jupyterlab_asks_nothing_and_goes_nowhere(role):
+    """No news pop-up (nor the server's fetch behind it, nor its update check) and a notebook's
+    kernel started without a "Select Kernel" dialog; the browser test sees it in self-study."""
+    server, disabled, overrides = _lab_settings(role)
+    assert disabled.get("@jupyterlab/apputils-extension:announcements") is True
+    assert server["LabApp"]["news_url"] is None
+    assert server["LabApp"]["check_for_updates_class"].endswith(".NeverCheckForUpdate")
+    assert overrides["@jupyterlab/notebook-extension:tracker"]["autoStartDefaultKernel"] is True
+
+
+def test_the_nbgrader_menu_is_there_only_where_it_holds_something():
+    """Self-study has no nbgrader list to open, so no menu; the other roles keep theirs."""
+    assert _lab_settings("selfstudy")[1].get("@jupyter/nbgrader:menu") is True
+    assert _lab_settings("selfstudy")[0]["MultiKernelManager"]["default_kernel_name"] == "fastdl-student"
+    for role in ("student", "instructor", "grader"):
+        assert not _lab_settings(role)[1].get("@jupyter/nbgrader:menu"), role
+
+
 def test_exchange_notes_are_read_like_submissions(tmp_path):
     """timestamp.txt and submission_secret.txt sit in the student's folder: no links, no FIFOs,
     nothing long, and the time must be one."""

@@ -238,3 +238,33 @@ def test_check_grades_the_working_copy_and_writes_nothing_of_the_course(tmp_path
     assert "00_measure           1/2 items pass" in capsys.readouterr().out
     print(f"self-check of lab 00 took {took:.1f} s")
     print(out)
+
+
+def test_make_lab_starts_jupyterlab_through_the_one_definition(tmp_path):
+    """`make lab` runs `python -m autograder lab`, which the browser test starts too; the command
+    reads only the self-study settings, lets the kernel choose its plot backend, and passes
+    JupyterLab's own options on."""
+    from make_recipes import dry_run, grader_call
+
+    from autograder import cli
+
+    done = dry_run("lab", "LAB_ARGS=--no-browser --port 8890")
+    assert done.returncode == 0, done.stderr
+    _, words = grader_call(done.stdout)
+    assert words[0] == "lab" and words[1:] == ["--no-browser", "--port", "8890"]
+    parser = cli.parser()
+    args, extra = parser.parse_known_args(words)
+    assert args.func is cli.cmd_lab and extra == ["--no-browser", "--port", "8890"]
+
+    argv, env = selfstudy.lab_command(tmp_path, "--no-browser", env={"MPLBACKEND": "Agg", "HOME": "/h"})
+    assert argv[:4] == [sys.executable, "-m", "jupyter", "lab"] and argv[-1] == "--no-browser"
+    assert f"--ServerApp.root_dir={tmp_path}" in argv
+    assert env == {"HOME": "/h", "JUPYTER_CONFIG_PATH": str(selfstudy.SETTINGS)}
+
+
+def test_other_commands_still_refuse_unknown_arguments(capsys):
+    from autograder import cli
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["progress", "--no-browser"])
+    assert stopped.value.code == 2 and "unrecognized arguments: --no-browser" in capsys.readouterr().err
