@@ -5,5 +5,5 @@ the same figures, and tests/test_readme_times.py holds the two together.
 """
 
 COURSE_BUILD = "about 30 s on the 2-core machine"
-DEMO_CLASS = "about 7 minutes on the 2-core machine"
+DEMO_CLASS = "about 3 minutes on the 2-core machine"
 HUB_TERM = "about 50 s on the 2-core machine"
