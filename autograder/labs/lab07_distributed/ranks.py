@@ -68,32 +68,30 @@ def ring_rank(ns: dict, inputs: dict) -> list[dict]:
 # --- parameter server -----------------------------------------------------------------------------
 
 
-def ps_rank(ns: dict, inputs: dict) -> dict:
-    """Rank 0 answers the rule's probes and serves each run; the others are workers; a barrier
-    after each run keeps one run's messages out of the next. What the server records (staleness,
-    losses) is counted in its own process: self-reported."""
-    rule = ns["bounded_staleness_rule"]
-    rank = inputs["rank"]
-    answers = [bool(rule(*probe)) for probe in inputs["probes"]]
+def _served(inputs: dict, mode: str, **rule) -> list[dict]:
+    """Each run of ``inputs`` in ``mode``, the student's rule given as ``run_ps``'s keyword; a
+    barrier after each run keeps one run's messages out of the next."""
     results = []
     for run in inputs["runs"]:
-        results.append(ps.run_ps(rank, inputs["world_size"], "bounded", run["tau"], run["steps"], run["lr"],
-                                 run["seed"], worker_delays=run["delays"], rule=rule))
+        results.append(ps.run_ps(inputs["rank"], inputs["world_size"], mode, run["tau"], run["steps"], run["lr"],
+                                 run["seed"], worker_delays=run["delays"], **rule))
         dist.barrier()
-    return {"answers": answers, "results": results}
+    return results
+
+
+def ps_rank(ns: dict, inputs: dict) -> dict:
+    """Rank 0 answers the rule's probes and serves each run; the others are workers. What the
+    server records (staleness, losses) is counted in its own process: self-reported."""
+    rule = ns["bounded_staleness_rule"]
+    answers = [bool(rule(*probe)) for probe in inputs["probes"]]
+    return {"answers": answers, "results": _served(inputs, "bounded", rule=rule)}
 
 
 def ssp_rank(ns: dict, inputs: dict) -> dict:
-    """As ``ps_rank``, with the student's start rule in SSP mode."""
+    """As ``ps_rank``, with the student's start rule in SSP mode (each probe gets its own list)."""
     rule = ns["ssp_may_start"]
-    rank = inputs["rank"]
     answers = [bool(rule(list(clocks), worker, tau)) for clocks, worker, tau in inputs["probes"]]
-    results = []
-    for run in inputs["runs"]:
-        results.append(ps.run_ps(rank, inputs["world_size"], "ssp", run["tau"], run["steps"], run["lr"],
-                                 run["seed"], worker_delays=run["delays"], start_rule=rule))
-        dist.barrier()
-    return {"answers": answers, "results": results}
+    return {"answers": answers, "results": _served(inputs, "ssp", start_rule=rule)}
 
 
 # --- ZeRO-1 ---------------------------------------------------------------------------------------
