@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 BUILD := $(CURDIR)/build
 CACHE := $(BUILD)/cache
 STAMP := $(VENV)/.installed
+# The test extra (pytest, JupyterHub and its spawners, Playwright): only the targets that need it.
+TEST_STAMP := $(VENV)/.installed-test
 
 # nbgrader calls `alembic` by name, so the venv's bin/ goes first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -40,6 +42,11 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing the course's Python packages into $(VENV) (torch, Triton, JupyterLab, nbgrader and the rest):" \
 	  "2.8 GB, 4-5 minutes the first time on the 2-core machine; pip lists each package as it goes"
+	$(BIN)/pip install --disable-pip-version-check -e . --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
+	@echo "installing the test extra into $(VENV) (pytest, JupyterHub with its spawners and authenticators, Playwright)"
 	$(BIN)/pip install --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
 	touch $@
 
@@ -120,7 +127,7 @@ TEST_WORKERS ?= 2
 # The cores shared out between the workers: torch's thread pools default to one thread per core,
 # and two processes spinning pools on the same cores slow each other down.
 TEST_THREADS ?= $(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
-test: $(STAMP) sandbox-tool c-compiler
+test: $(TEST_STAMP) sandbox-tool c-compiler
 	@$(MAKE) --no-print-directory slides-tool || echo "Marp CLI could not be installed: the slide test is skipped"
 	OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
@@ -152,7 +159,7 @@ test-image-stack: sandbox-tool c-compiler
 	env -u TRITON_INTERPRET PYTHONPATH=$(CURDIR) FASTDL_TORCH_PCH=$(IMAGE_STACK)/pch OMP_NUM_THREADS=$(TEST_THREADS) \
 	  $(IMAGE_STACK)/venv/bin/python -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile $(IMAGE_TESTS)
 
-test-e2e: $(STAMP) sandbox-tool hub-proxy browser-tool
+test-e2e: $(TEST_STAMP) sandbox-tool hub-proxy browser-tool
 	$(BIN)/python -m pytest -m e2e
 
 build: $(STAMP) sandbox-tool c-compiler
@@ -211,7 +218,7 @@ hub-proxy:
 	  fi; }
 
 # The course's JupyterHub on 127.0.0.1:8000 to try it (deploy/trial.py; HUB_ARGS="--port 8001 --rebuild").
-hub: $(STAMP) sandbox-tool hub-proxy c-compiler
+hub: $(TEST_STAMP) sandbox-tool hub-proxy c-compiler
 	$(BIN)/python deploy/trial.py $(HUB_ARGS)
 
 clean:

@@ -89,3 +89,13 @@ def test_an_apt_install_says_what_it_installs_and_shows_apt_at_work(target, pack
     assert f"installing {package} with apt-get" in recipe
     install = next(line for line in recipe.split(";") if f"apt-get install -y -q {package}" in line)
     assert ">/dev/null" not in install and "-qq" not in install
+
+
+def test_the_demo_installs_the_course_alone_and_the_suite_adds_its_test_extra(tmp_path):
+    # A venv path of this test's own: every stamp is missing there, so each recipe shows its installs.
+    venv = tmp_path / "venv"
+    demo = dry_run(f"VENV={venv}", "demo").stdout.replace("\\\n", " ")
+    installs = [line for line in demo.splitlines() if "pip install" in line]
+    assert installs and all("[test]" not in line for line in installs), installs
+    suite = dry_run(f"VENV={venv}", "test").stdout.replace("\\\n", " ")
+    assert any("pip install" in line and "'.[test]'" in line for line in suite.splitlines()), suite
