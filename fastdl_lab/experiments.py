@@ -2,12 +2,12 @@
 
 The sections that teach by measuring (lab 01's im2col, K alignment and first kernel; lab 02's
 compiled overhead-bound loop; lab 04's memory pools and compiled optimizer step; lab 06's
-host-to-device copies; lab 09's distilled student) print their figures at the student's desk. This
-module measures the same experiments at the lab's full size and returns one row per figure, so
-that ``benchmarks/experiments.py`` keeps them in ``benchmarks/results/experiments.csv`` beside the
-machine that produced them. Every timed pair is A/B-interleaved by ``timing.compare`` (the
-baseline is what a user would call instead); rows an experiment can only have on a GPU are kept
-with the note "needs a GPU" and no figure, never a guess.
+host-to-device copies; lab 09's distilled student and depthwise-separable convolution) print
+their figures at the student's desk. This module measures the same experiments at the labs' full
+sizes and returns one row per figure, so that ``benchmarks/experiments.py`` keeps them in
+``benchmarks/results/experiments.csv`` beside the machine that produced them. Every timed pair is
+A/B-interleaved by ``timing.compare`` (the baseline is what a user would call instead); rows an
+experiment can only have on a GPU are kept with the note "needs a GPU" and no figure, never a guess.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ BENCHMARK = {
     # Full sizes, as the labs run them with FASTDL_QUICK=0; ``quick`` is for the unit test only.
     "full": {"conv": (32, 32, 28, 28, 64), "k_m": 512, "gpu_k_m": 8192, "pool_mb": [1, 16, 64],
              "tiny_layers": (32, 64, 8), "optim_steps": 6, "copy_bytes": 256 << 20, "matmul_n": 4096,
-             "distill_seed": 0, "reps": 15},
+             "distill_seed": 0, "separable": (128, 56), "reps": 15},
     "quick": {"conv": (2, 4, 8, 8, 8), "k_m": 32, "gpu_k_m": 1024, "pool_mb": [1], "tiny_layers": (4, 16, 2),
-              "optim_steps": 3, "copy_bytes": 1 << 20, "matmul_n": 256, "distill_seed": 0, "reps": 3},
+              "optim_steps": 3, "copy_bytes": 1 << 20, "matmul_n": 256, "distill_seed": 0, "separable": (8, 12),
+              "reps": 3},
     "columns": ["lab", "experiment", "variant", "baseline", "case", "median_s", "iqr_s", "speedup", "ci_low",
                 "ci_high", "figure", "unit", "note"],
 }
@@ -197,8 +198,21 @@ def distill_rows(spec: dict, dev: str) -> list[dict]:
     return rows
 
 
+def separable_rows(spec: dict, dev: str) -> list[dict]:
+    from fastdl_lab import separable
+
+    channels, size = spec["separable"]
+    r = separable.batch1_comparison(channels, channels, size, reps=spec["reps"])
+    case = f"{channels} -> {channels} channels, {size} x {size}, 3 x 3, batch 1, one thread"
+    return [_compared("09", "depthwise-separable conv", "depthwise + pointwise", "standard 3 x 3", case, r["timing"],
+                      figure=r["flop_ratio"], unit="FLOPs, separable / standard"),
+            row(lab="09", experiment="depthwise-separable conv", variant="depthwise half", case=case,
+                figure=r["depthwise_share"]["time"], unit="share of the separable block's time",
+                note=f"{r['depthwise_share']['flops']:.4f} of its FLOPs")]
+
+
 EXPERIMENTS = [im2col_rows, k_alignment_rows, scaled_add_rows, overhead_rows, pool_rows, compiled_step_rows,
-               transfer_rows, distill_rows]
+               transfer_rows, distill_rows, separable_rows]
 
 
 def benchmark(log: Log = print, size: str = "full") -> list[dict]:

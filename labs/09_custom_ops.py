@@ -540,6 +540,47 @@ with torch.inference_mode():
 # on the 2-core course machine). It pays where the student's labelled data are few and the
 # teacher's knowledge fills in.
 #
+# ### Serving one request: cheaper layers, and engines built for one GPU
+#
+# Distillation shrinks a model you already have. The other route is an architecture built to be
+# cheap per request. MobileNet (Howard et al., 2017) replaces each $k \times k$ convolution from
+# $C_{in}$ to $C_{out}$ channels ($C_{in} C_{out} k^2$ multiply-adds per output pixel) with a
+# **depthwise** $k \times k$ convolution that filters each channel on its own (`groups=C_in`:
+# $C_{in} k^2$) followed by a **pointwise** $1 \times 1$ convolution that mixes the channels
+# ($C_{in} C_{out}$). The multiply-adds fall to a fraction $1/C_{out} + 1/k^2$ of the original,
+# about a ninth for $3 \times 3$ filters. `separable.conv_flops` and `separable.separable_flops`
+# are the formulas (checked against PyTorch's `FlopCounterMode` in the tests); below, one image
+# through both layers in one thread, as a server handling requests side by side runs them:
+
+# %%
+from fastdl_lab import separable
+
+channels, size = (32, 28) if QUICK else (128, 56)
+sep = separable.batch1_comparison(channels, channels, size, reps=3 if QUICK else 20)
+print(f"{channels} -> {channels} channels, {size} x {size}, 3 x 3: separable/standard FLOPs "
+      f"{sep['flop_ratio']:.3f}, time {sep['time_ratio']:.3f} ({sep['timing']})")
+print(f"the depthwise half: {sep['depthwise_share']['flops']:.1%} of the separable block's FLOPs, "
+      f"{sep['depthwise_share']['time']:.1%} of its time")
+
+# %% [markdown]
+# The time falls by much less than the FLOPs. On the 2-core course machine (128 channels, 56 × 56,
+# one thread; `benchmarks/results/experiments.csv`) the separable layer had 0.119 of the FLOPs and
+# took 0.21 of the time, and its depthwise half did 6.6% of its FLOPs in 44% of its time (0.33
+# and 58% in a run beside other work: the depthwise half suffers most from a busy memory system). A depthwise convolution
+# does only $k^2 = 9$ multiply-adds per value it reads, so it sits far left on lab 00's roofline,
+# bound by memory; the pointwise half is a plain matrix multiply. FLOPs are the wrong currency
+# for such layers: count bytes too, and measure.
+#
+# **Inference engines.** NVIDIA's TensorRT takes a trained model (through ONNX, or
+# Torch-TensorRT from PyTorch) and builds an *engine* for one GPU: it fuses layers (convolution,
+# bias and activation in one kernel, as section 5 did by hand), times the candidate kernels for
+# each layer on that very GPU and keeps the fastest ("tactics"), and runs in fp16, int8 or fp8
+# where calibration data show the accuracy holds (section 2's scales). The engine is tied to the
+# GPU model and the TensorRT version it was built with, which is why a serving fleet rebuilds
+# engines per GPU type. It needs an NVIDIA GPU and is not installed by this course: nothing here
+# runs it. `torch.compile(mode="max-autotune")` is the same idea inside PyTorch: it benchmarks
+# candidate kernels on the machine it runs on.
+#
 # ## GPU speed item
 #
 # On GPU profiles the grader times your int8 kernel against the float16 matmul it replaces, A/B in
