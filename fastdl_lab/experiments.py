@@ -2,12 +2,13 @@
 
 The sections that teach by measuring (lab 01's im2col, K alignment and first kernel; lab 02's
 compiled overhead-bound loop; lab 04's memory pools and compiled optimizer step; lab 06's
-host-to-device copies; lab 09's distilled student and depthwise-separable convolution) print
-their figures at the student's desk. This module measures the same experiments at the labs' full
-sizes and returns one row per figure, so that ``benchmarks/experiments.py`` keeps them in
-``benchmarks/results/experiments.csv`` beside the machine that produced them. Every timed pair is
-A/B-interleaved by ``timing.compare`` (the baseline is what a user would call instead); rows an
-experiment can only have on a GPU are kept with the note "needs a GPU" and no figure, never a guess.
+host-to-device copies and latency ladder; lab 09's distilled student and depthwise-separable
+convolution) print their figures at the student's desk. This module measures the same experiments
+at the labs' full sizes and returns one row per figure, so that ``benchmarks/experiments.py``
+keeps them in ``benchmarks/results/experiments.csv`` beside the machine that produced them. Every
+timed pair is A/B-interleaved by ``timing.compare`` (the baseline is what a user would call
+instead); rows an experiment can only have on a GPU are kept with the note "needs a GPU" and no
+figure, never a guess.
 """
 
 from __future__ import annotations
@@ -179,6 +180,14 @@ def transfer_rows(spec: dict, dev: str) -> list[dict]:
     return rows
 
 
+def ladder_rows(spec: dict, dev: str) -> list[dict]:
+    from fastdl_lab.data import transfer
+
+    return [row(lab="06", experiment="latency ladder", variant=r["what"], median_s=r["seconds"],
+                note=None if r["seconds"] is not None else f"{NEEDS_GPU}: a GPU rung")
+            for r in transfer.latency_ladder(reps=spec["reps"])]
+
+
 # --- lab 09 ---------------------------------------------------------------------------------------
 
 def distill_rows(spec: dict, dev: str) -> list[dict]:
@@ -212,7 +221,7 @@ def separable_rows(spec: dict, dev: str) -> list[dict]:
 
 
 EXPERIMENTS = [im2col_rows, k_alignment_rows, scaled_add_rows, overhead_rows, pool_rows, compiled_step_rows,
-               transfer_rows, distill_rows, separable_rows]
+               transfer_rows, ladder_rows, distill_rows, separable_rows]
 
 
 def benchmark(log: Log = print, size: str = "full") -> list[dict]:

@@ -376,6 +376,25 @@ else:
     print("needs a GPU: a host-to-device copy, pinned or pageable, needs a device to copy to")
 
 # %% [markdown]
+# **A ladder of latencies.** Every kind of work has a fixed cost that no amount of bandwidth
+# removes, and small work is all fixed cost. `transfer.latency_ladder` measures one rung per kind
+# on this machine: a Python call, one torch op on a one-element tensor, a small and a large copy
+# in host memory, and on a GPU a launch, a synchronisation (`.item()`) and a 4-byte copy to the
+# device. The last column converts each rung into the bytes the large copy would have moved in
+# the same time: what a batch must be worth before its fixed costs stop mattering.
+
+# %%
+ladder = transfer.latency_ladder(reps=3 if QUICK else 20)
+big = next(r for r in ladder if r["what"].startswith("copy 64 MiB"))
+bytes_per_s = 2 * (64 << 20) / big["seconds"]  # read and write
+for r in ladder:
+    if r["seconds"] is None:
+        print(f"{r['what']:>56}: {r['why']}")
+    else:
+        print(f"{r['what']:>56}: {r['seconds'] * 1e6:10.3f} µs  = {r['seconds'] * bytes_per_s / 1024:10.1f} KiB "
+              f"of host copying ({r['why']})")
+
+# %% [markdown]
 # ## 4. Images: decoding and augmenting
 #
 # Two ways to decode less: ask the JPEG decoder for a smaller image (`Image.draft` makes libjpeg

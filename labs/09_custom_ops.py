@@ -565,7 +565,7 @@ print(f"the depthwise half: {sep['depthwise_share']['flops']:.1%} of the separab
 # %% [markdown]
 # The time falls by much less than the FLOPs. On the 2-core course machine (128 channels, 56 × 56,
 # one thread; `benchmarks/results/experiments.csv`) the separable layer had 0.119 of the FLOPs and
-# took 0.21 of the time, and its depthwise half did 6.6% of its FLOPs in 44% of its time (0.33
+# took 0.22 of the time, and its depthwise half did 6.6% of its FLOPs in 46% of its time (0.33
 # and 58% in a run beside other work: the depthwise half suffers most from a busy memory system). A depthwise convolution
 # does only $k^2 = 9$ multiply-adds per value it reads, so it sits far left on lab 00's roofline,
 # bound by memory; the pointwise half is a plain matrix multiply. FLOPs are the wrong currency
