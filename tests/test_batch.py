@@ -294,6 +294,14 @@ def test_regrading_some_items_keeps_the_other_verdicts_with_their_seed(course, c
     assert stale and all(last[n]["status"] == journal.NOT_GRADED and last[n]["score"] == 0 and
                          "regrade the whole submission" in last[n]["reason"] for n in stale)
     assert any("not graded: the submission changed" in f for f in summary.failures)
+    # The gradebook says what the record says: the stale items score nothing there either.
+    from nbgrader.api import Gradebook
+
+    with Gradebook(copy.db_url) as gb:
+        for name in stale:
+            grade = gb.find_grade(name, LAB, LAB, "ann")
+            assert grade.auto_score == 0 and grade.manual_score == 0, name
+        assert gb.find_submission(LAB, "ann").score == pytest.approx(last[ITEM]["score"])
 
 
 def test_a_cpu_profile_is_not_graded_where_tritons_interpreter_is_broken(course, cpu, tmp_path, monkeypatch, capsys):
