@@ -1,0 +1,126 @@
+"""Lab 10's model, data and step: counts that equal what PyTorch counts, parts that change nothing
+but what they compute, training that learns, memory split by what holds it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# Before anything that imports Triton (FlopCounterMode does): the package switches Triton's
+# interpreter on when there is no GPU, which only works before Triton is first imported.
+from fastdl_lab.capstone import data, model, step
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+SMALL = model.GPTConfig(vocab_size=256, seq_len=32, d_model=48, n_head=3, n_layer=2)
+
+
+def _math_attention(q, k, v):
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _no_mask_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("config", [SMALL, model.CPU_CONFIG, model.GPTConfig(vocab_size=300, seq_len=16, d_model=40,
+                                                                             n_head=5, n_layer=3, mlp_ratio=2)])
+def test_the_parameter_count_is_the_models_with_the_tied_matrix_once(config):
+    gpt = model.build(config)
+    assert sum(p.numel() for p in gpt.parameters()) == model.param_count(config)
+    assert gpt.head.weight is gpt.tok_emb.weight
+
+
+def test_the_flop_formula_is_what_flopcountermode_counts():
+    gpt = model.build(SMALL, attention=_math_attention)
+    idx = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
+    with FlopCounterMode(display=False) as counter:
+        gpt(idx)
+    assert counter.get_total_flops() == model.matmul_flops_per_token(SMALL)["total"] * idx.numel()
+
+
+def test_the_same_seed_gives_the_same_weights_whatever_the_parts():
+    a = model.build(SMALL, seed=3)
+    b = model.build(SMALL, layernorm="course-pytorch", attention=_math_attention, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(model.build(SMALL, seed=4).tok_emb.weight, a.tok_emb.weight)
+
+
+def test_the_courses_pytorch_parts_compute_what_torchs_do_and_a_missing_mask_does_not():
+    idx = torch.randint(0, SMALL.vocab_size, (3, SMALL.seq_len), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for name, parts in {"torch": {}, "course": {"layernorm": "course-pytorch", "attention": "course-pytorch"},
+                        "no mask": {"attention": _no_mask_attention}}.items():
+        gpt = model.build(SMALL, **parts)
+        logits, loss = gpt(idx, idx.roll(-1, 1))
+        loss.backward()
+        results[name] = (logits.detach(), gpt.tok_emb.weight.grad)
+    torch.testing.assert_close(results["course"][0], results["torch"][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results["course"][1], results["torch"][1], atol=1e-5, rtol=1e-5)
+    assert (results["no mask"][0] - results["torch"][0]).abs().max() > 1e-3
+
+
+def test_parts_are_named_or_given():
+    with pytest.raises(ValueError, match="layernorm must be one of"):
+        model.build(SMALL, layernorm="apex")
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        model.GPTConfig(d_model=50, n_head=4)
+    with pytest.raises(ValueError, match="positions for 32"):
+        model.build(SMALL)(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_batches_are_next_byte_windows_the_same_for_a_seed():
+    first = list(data.batches("train", 2, 4, 16, seed=5))
+    again = list(data.batches("train", 2, 4, 16, seed=5))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    x, y = first[0]
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert int(x.max()) < 256 and len(data.split("val")) * 9 <= len(data.split("train")) + 9
+    with pytest.raises(ValueError, match="'train' or 'val'"):
+        data.split("test")
+
+
+def test_training_learns_and_the_courses_adamw_follows_torchs():
+    runs = {}
+    for name in ("torch", "course-foreach"):
+        gpt = model.build(SMALL)
+        runs[name] = step.train(gpt, step.make_optimizer(gpt, name), 25, 8)
+    assert runs["torch"][-1] < runs["torch"][0] - 1.0
+    assert runs["course-foreach"] == pytest.approx(runs["torch"], abs=1e-4)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        step.make_optimizer(model.build(SMALL), "lion")
+
+
+def test_the_memory_split_counts_each_holder_and_activations_grow_with_the_batch():
+    splits = {}
+    for batch_size in (4, 8):
+        gpt = model.build(SMALL)
+        splits[batch_size] = step.memory_split(gpt, step.make_optimizer(gpt), batch_size)
+    weights = 4 * model.param_count(SMALL)
+    for split in splits.values():
+        assert split["weights"] == split["grads"] == weights and split["optimizer"] == 2 * weights
+    assert splits[8]["activations"] == pytest.approx(2 * splits[4]["activations"], rel=0.02)
+
+
+def test_throughput_reports_tokens_and_mfu_only_against_a_peak():
+    gpt = model.build(SMALL)
+    result = step.step_throughput(gpt, step.make_optimizer(gpt), 4, reps=3)
+    assert result["mfu"] is None and result["tokens_per_s"] == pytest.approx(4 * SMALL.seq_len / result["seconds"])
+    assert result["flops"] == 3 * model.matmul_flops_per_token(SMALL)["total"] * 4 * SMALL.seq_len
+    with_peak = step.step_throughput(gpt, step.make_optimizer(gpt), 4, reps=3, peak_flops=1e12)
+    assert 0 < with_peak["mfu"] < 1
+
+
+def test_the_courses_triton_kernels_assemble_into_the_same_model():
+    # The interpreter runs the kernels on a CPU: one block, 16 tokens, two heads of 16.
+    config = model.GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_head=2, n_layer=1)
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for parts in ("torch", "course-triton"):
+        gpt = model.build(config, layernorm=parts, attention=parts)
+        logits, loss = gpt(idx, idx.roll(-1, 1))
+        loss.backward()
+        out[parts] = (logits.detach(), gpt.blocks[0].attn.qkv.weight.grad, gpt.blocks[0].ln1.weight.grad)
+    for got, expected in zip(out["course-triton"], out["torch"]):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
