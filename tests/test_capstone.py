@@ -124,3 +124,51 @@ def test_the_courses_triton_kernels_assemble_into_the_same_model():
         out[parts] = (logits.detach(), gpt.blocks[0].attn.qkv.weight.grad, gpt.blocks[0].ln1.weight.grad)
     for got, expected in zip(out["course-triton"], out["torch"]):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_checkpointing_trades_saved_activations_block_by_block():
+    from fastdl_lab.capstone import experiments
+
+    rows = experiments.checkpointing_sweep(SMALL, 4, reps=2)
+    assert [r["recompute_blocks"] for r in rows] == list(range(SMALL.n_layer + 1))
+    saved = [r["activation_bytes"] for r in rows]
+    assert all(a > b for a, b in zip(saved, saved[1:]))
+    # Equal blocks save equal bytes: each recomputed block gives back the same amount.
+    assert saved[0] - saved[1] == saved[1] - saved[2]
+    fig = experiments.plot_checkpointing(rows)
+    assert list(fig.axes[0].lines[0].get_ydata()) == [b / 2**20 for b in saved]
+
+
+def test_bf16_autocast_tracks_fp32_training_and_saves_less():
+    from fastdl_lab.capstone import experiments
+
+    runs = experiments.precision_runs(SMALL, 4, 12, reps=2)
+    fp32, bf16 = runs["fp32"], runs["bf16 autocast"]
+    assert bf16["losses"] == pytest.approx(fp32["losses"], abs=0.05)
+    assert bf16["losses"][-1] < bf16["losses"][0] - 0.5
+    assert bf16["activation_bytes"] < fp32["activation_bytes"]
+    assert len(experiments.plot_precision(runs).axes[0].lines) == 2
+
+
+def test_compile_runs_report_the_graphs_and_the_steps():
+    from fastdl_lab.capstone import experiments
+
+    # aot_eager traces forward and backward as inductor would, without generating code: seconds, not minutes.
+    out = experiments.compile_runs(SMALL, 2, steps=3, backend="aot_eager")
+    assert out["compiled"]["graphs"] == 1 and out["compiled"]["breaks"] == {}
+    assert out["compiled"]["first_s"] > out["compiled"]["later_s"] > 0 and out["eager"]["later_s"] > 0
+    # A branch on a tensor's value inside the model is a graph break, and is named.
+    with_break = experiments.compile_runs(SMALL, 2, steps=2, backend="aot_eager",
+                                          attention=lambda q, k, v: F.scaled_dot_product_attention(
+                                              q, k, v, is_causal=bool(q.sum() > -1e9)))
+    assert with_break["compiled"]["graphs"] > 1 and with_break["compiled"]["breaks"]
+
+
+def test_autocast_is_entered_per_forward_so_each_step_sees_the_updated_weights():
+    gpt = model.build(SMALL)
+    gpt.autocast_dtype = torch.bfloat16
+    x, y = next(data.batches("train", 1, 2, SMALL.seq_len))
+    first = gpt(x)[0].detach()
+    with torch.no_grad():
+        gpt.blocks[0].mlp.fc.weight.mul_(2.0)
+    assert first.dtype == torch.bfloat16 and not torch.equal(gpt(x)[0].detach(), first)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -173,14 +174,32 @@ class GPT(nn.Module):
         self.ln_f = LayerNorm(config.d_model, layernorm, config.eps)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied, as in GPT-2: one matrix, two uses
+        # Activation checkpointing: the first ``recompute_blocks`` blocks keep only their input for
+        # the backward and run their forward again there (lab 02's recompute-instead-of-save).
+        self.recompute_blocks = 0
+        # Mixed precision: each forward (and so the loss) under a ``torch.autocast`` of its own in
+        # this dtype; the backward follows the forward's dtypes. One context per forward matters:
+        # autocast caches the low-precision copies of the weights until its context exits, so a
+        # context held across steps would feed every later forward the first step's weights (a
+        # bf16 run held that way over 20 steps ended at a loss of 5.22 where fp32 reached 3.38).
+        self.autocast_dtype: torch.dtype | None = None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        if self.autocast_dtype is None:
+            return self._forward(idx, targets)
+        with torch.autocast(device_type=idx.device.type, dtype=self.autocast_dtype):
+            return self._forward(idx, targets)
+
+    def _forward(self, idx: torch.Tensor, targets: torch.Tensor | None):
         b, t = idx.shape
         if t > self.config.seq_len:
             raise ValueError(f"{t} tokens, the model has positions for {self.config.seq_len}")
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+        for i, block in enumerate(self.blocks):
+            if i < self.recompute_blocks and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits, None
