@@ -1161,17 +1161,21 @@ plt.show()
 # $1/N$ of the model in every form. The model is cut into **units** — here the blocks of an
 # `nn.Sequential`, in a transformer one block each. Each unit's parameters are flattened into
 # one vector (as in ZeRO-1), padded to a multiple of $N$, and rank $r$ keeps only the $r$-th of
-# $N$ equal pieces, its **shard**: the only parameter the optimizer ever sees. A unit's full
-# weights exist only while the unit computes:
+# $N$ equal pieces, its **shard**. The parameters stay where they were, under their own names, as
+# torch's FSDP keeps them with `use_orig_params=True` (and FSDP2 always): each layer's `weight` is
+# now a 1-D view of the part of this rank's shard that falls inside it (empty where the weight
+# lies in other ranks' shards), and the optimizer steps on those views. Code that finds a layer's
+# weights by name (weight decay on linear weights only, a learning rate per layer) keeps working.
+# A unit's full weights exist only while the unit computes:
 #
 # 1. **forward**: all-gather the shards into the unit's full flat vector, point the layers'
 #    weights at views of it, run the unit, and **free** the vector;
 # 2. **backward**: when the gradient reaches the unit's output, **gather again**, let autograd run
 #    the unit's backward, then **reduce-scatter** the gradient of the flat vector — rank $r$
-#    receives the sum over ranks of the gradients for its own shard — divide by $N$, keep it as
-#    the shard's `.grad`, and free the vector again;
-# 3. the optimizer steps on the shards; nothing else is needed, since the next forward gathers
-#    the new weights.
+#    receives the sum over ranks of the gradients for its own shard — divide by $N$, hand it to
+#    the parameters' views as their `.grad`, and free the vector again;
+# 3. the optimizer steps on the parameters (views of the shards); nothing else is needed, since
+#    the next forward gathers the new weights.
 #
 # Per step and unit that is two all-gathers and one reduce-scatter: 1.5 times the bytes of
 # plain DDP's all-reduce, for a memory per rank of $16/N$ bytes per parameter (with Adam in mixed
@@ -1193,9 +1197,13 @@ plt.show()
 # ### Your FSDP unit
 #
 # `FSDPUnit(module, compute_dtype=None)` below has its layout done (`fsdp.flat_layout`): the
-# parameter `shard` (fp32, `shard_size` elements), the buffer `full` (the whole padded vector, in
-# the compute dtype, storage freed), the module's own parameters removed, `use_views(full)` to
-# point the layers at a vector, and `free()`. Write:
+# tensor `shard` (fp32, `shard_size` elements, `requires_grad`: the gradient of the flat vector
+# arrives there, and a hook hands it on to the parameters' views), the module's parameters
+# replaced by views of it under their own names (a weight tied between two layers of the unit,
+# as a language model's embedding and output projection, stays one parameter), the buffer `full`
+# (the whole padded vector, in the compute dtype, storage freed), `use_views(full)` to point the
+# layers at a full vector, and `free()`, which frees it and points the layers back at their
+# sharded parameters. Write:
 #
 # - `gather()`: give `full` its bytes back (`fsdp.allocate_storage`) and all-gather every rank's
 #   shard into it, `dist.all_gather_single(self.full, my_shard)`, the shard cast to
@@ -1206,12 +1214,16 @@ plt.show()
 #   `dist.reduce_scatter_single(shard_grad, grad)`, divides by the world size, frees the unit and
 #   returns the shard's gradient (and `None` for `unit`);
 # - `forward(x)`: `GatherParams.apply(self.shard, self)`, prefetch `self.next_unit` when it is
-#   set, `use_views`, run the module on `x` cast to `compute_dtype`, `free()`, register
-#   `before_backward` as a hook on the output (`out.register_hook`), return the output;
+#   set, `use_views`, run the module on `x`, `free()`, register `before_backward` as a hook on
+#   the output (`out.register_hook`), return the output. Cast `x` to `compute_dtype` only when
+#   one is given and only if `x` is floating-point (`fsdp.cast_floating` does both): an
+#   embedding's token ids must stay integers, as torch's FSDP leaves them;
 # - `before_backward(grad)`: gather again (return nothing, so the gradient passes unchanged).
 #
 # Only all-gathers and reduce-scatters may move data here. `fsdp.train_fsdp` wraps each block of
-# the model in your class and trains with SGD (momentum 0.9) on the shards. It measures, from its
+# the model in your class and trains with SGD (momentum 0.9) on the model's parameters, which it
+# expects under the model's own names (`fsdp.clean_name` drops the wrapper's
+# `_fsdp_wrapped_module.`, as torch's FSDP does). It measures, from its
 # own side of the process: the collectives (counted below `torch.distributed`), how many units
 # were gathered at once, and, after the last step, the bytes of every tensor the training left
 # alive in the rank apart from the data and the optimizer's state.
@@ -1249,25 +1261,34 @@ class GatherParams(torch.autograd.Function):
 
 
 class FSDPUnit(nn.Module):
-    """One unit of a fully sharded model: its parameters live here as this rank's flat shard."""
+    """One unit of a fully sharded model: its parameters are views of this rank's flat shard."""
 
     def __init__(self, module, compute_dtype=None):
         super().__init__()
-        self.module = module
+        self._fsdp_wrapped_module = module  # torch's FSDP's name: fsdp.clean_name drops it
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.slots, self.numel, self.shard_size = fsdp.flat_layout(module, self.world_size)
         flat = fsdp.flatten_padded(list(module.parameters()), self.shard_size * self.world_size)
-        start = self.rank * self.shard_size
-        self.shard = nn.Parameter(flat[start:start + self.shard_size].float().clone())
-        self.compute_dtype = compute_dtype or torch.float32
-        self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
+        self.start = self.rank * self.shard_size
+        self.shard = flat[self.start:self.start + self.shard_size].float().clone().requires_grad_()
+        self.compute_dtype = compute_dtype  # None: no mixed precision, inputs left alone
+        self.full = torch.empty(self.shard_size * self.world_size, dtype=compute_dtype or torch.float32)
         fsdp.free_storage(self.full)
-        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)
+        self.params = fsdp.sharded_parameters(self.slots, self.shard, self.start)
+        fsdp.register_sharded(self.slots, self.params)  # the layers' own names, views of the shard
+        self.shard.register_post_accumulate_grad_hook(
+            lambda shard: fsdp.grads_to_parameters(shard, self.slots, self.params, self.start))
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
         self._pending = None
 
+    @property
+    def module(self):
+        return self._fsdp_wrapped_module
+
     def free(self):
         fsdp.free_storage(self.full)
+        fsdp.register_sharded(self.slots, self.params)  # the layers hold their sharded parameters again
 
     def use_views(self, full):
         fsdp.place_views(self.slots, full)
@@ -1279,7 +1300,7 @@ class FSDPUnit(nn.Module):
             pending.wait()
             return
         fsdp.allocate_storage(self.full)
-        work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
+        work = dist.all_gather_single(self.full, self.shard.detach().to(self.full.dtype), async_op=async_op)
         if async_op:
             self._pending = work
         ### END SOLUTION
@@ -1290,7 +1311,7 @@ class FSDPUnit(nn.Module):
         if self.next_unit is not None:
             self.next_unit.gather(async_op=True)
         self.use_views(full)
-        out = self.module(x.to(self.compute_dtype))
+        out = self.module(fsdp.cast_floating(x, self.compute_dtype))
         self.free()
         if out.requires_grad:
             out.register_hook(self.before_backward)
@@ -1325,6 +1346,11 @@ _hidden_results = run_world(fsdp.train_fsdp, 3, _hidden_model, _hidden_data, 4, 
 fsdp.check_parity(_hidden_results, _hidden_reference, name="hidden, 3 ranks:")
 assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
             + fsdp.wire_problems(_hidden_results, _hidden_reference, 4))
+_hidden_lm = functools.partial(fsdp.unit_lm, 11, 29, 12, 17, 3)
+_hidden_lm_data = fsdp.make_token_data(11, 12, 5, 29, 3)
+_hidden_lm_reference = fsdp.train_reference(_hidden_lm, _hidden_lm_data, 3, 0.1)
+_hidden_lm_results = run_world(fsdp.train_fsdp, 3, _hidden_lm, _hidden_lm_data, 3, 0.1, unit_cls=FSDPUnit)
+fsdp.check_parity(_hidden_lm_results, _hidden_lm_reference, name="hidden tied embedding, 3 ranks:")
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -1335,7 +1361,9 @@ assert not (fsdp.memory_problems(_hidden_results, _hidden_reference)
 # class already has `compute_dtype`. The yardstick is the same training in one process that
 # rounds where FSDP rounds: each rank's slice of the batch in bf16, the gradients averaged in fp32
 # (`fsdp.train_reference(..., compute_dtype=torch.bfloat16, world_size=2)`); FSDP must be no
-# further from fp32 training than twice that run's own error.
+# further from fp32 training than twice that run's own error. The test below trains a model fed
+# token ids: an embedding whose matrix is also the projection that follows it
+# (`fsdp.unit_lm`), so the ids must reach it as integers, and the tie must hold.
 
 # %% nbgrader={"grade_id": "fsdp_mixed", "grade": true, "points": 2}
 import functools
@@ -1344,8 +1372,8 @@ import torch
 
 from fastdl_lab.distributed import ddp, fsdp, run_world
 
-_model = functools.partial(fsdp.unit_mlp, 7, [12, 19, 25, 16, 2])
-_data = ddp.make_regression(7, 16, 12, 2)
+_model = functools.partial(fsdp.unit_lm, 7, 48, 24, 32, 2)
+_data = fsdp.make_token_data(7, 16, 6, 48, 2)
 _reference = fsdp.train_reference(_model, _data, 3, 0.1)
 _bf16 = fsdp.train_reference(_model, _data, 3, 0.1, compute_dtype=torch.bfloat16, world_size=2)
 _results = run_world(fsdp.train_fsdp, 2, _model, _data, 3, 0.1, unit_cls=FSDPUnit, compute_dtype=torch.bfloat16)

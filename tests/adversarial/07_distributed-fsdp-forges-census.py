@@ -29,25 +29,34 @@ class GatherParams(torch.autograd.Function):
 
 
 class FSDPUnit(nn.Module):
-    """One unit of a fully sharded model: its parameters live here as this rank's flat shard."""
+    """One unit of a fully sharded model: its parameters are views of this rank's flat shard."""
 
     def __init__(self, module, compute_dtype=None):
         super().__init__()
-        self.module = module
+        self._fsdp_wrapped_module = module  # torch's FSDP's name: fsdp.clean_name drops it
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.slots, self.numel, self.shard_size = fsdp.flat_layout(module, self.world_size)
         flat = fsdp.flatten_padded(list(module.parameters()), self.shard_size * self.world_size)
-        start = self.rank * self.shard_size
-        self.shard = nn.Parameter(flat[start:start + self.shard_size].float().clone())
-        self.compute_dtype = compute_dtype or torch.float32
-        self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
+        self.start = self.rank * self.shard_size
+        self.shard = flat[self.start:self.start + self.shard_size].float().clone().requires_grad_()
+        self.compute_dtype = compute_dtype  # None: no mixed precision, inputs left alone
+        self.full = torch.empty(self.shard_size * self.world_size, dtype=compute_dtype or torch.float32)
         fsdp.free_storage(self.full)
-        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)
+        self.params = fsdp.sharded_parameters(self.slots, self.shard, self.start)
+        fsdp.register_sharded(self.slots, self.params)  # the layers' own names, views of the shard
+        self.shard.register_post_accumulate_grad_hook(
+            lambda shard: fsdp.grads_to_parameters(shard, self.slots, self.params, self.start))
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
         self._pending = None
 
+
+    @property
+    def module(self):
+        return self._fsdp_wrapped_module
+
     def free(self):
-        pass  # every unit's full weights stay: no gather waits on anything
+        fsdp.register_sharded(self.slots, self.params)  # the full weights' storage stays: never freed
 
     def use_views(self, full):
         fsdp.place_views(self.slots, full)
@@ -58,7 +67,7 @@ class FSDPUnit(nn.Module):
             pending.wait()
             return
         fsdp.allocate_storage(self.full)
-        work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
+        work = dist.all_gather_single(self.full, self.shard.detach().to(self.full.dtype), async_op=async_op)
         if async_op:
             self._pending = work
 
@@ -67,7 +76,7 @@ class FSDPUnit(nn.Module):
         if self.next_unit is not None:
             self.next_unit.gather(async_op=True)
         self.use_views(full)
-        out = self.module(x.to(self.compute_dtype))
+        out = self.module(fsdp.cast_floating(x, self.compute_dtype))
         self.free()
         if out.requires_grad:
             out.register_hook(self.before_backward)

@@ -29,29 +29,39 @@ class GatherParams(torch.autograd.Function):
 
 
 class FSDPUnit(nn.Module):
-    """One unit of a fully sharded model: its parameters live here as this rank's flat shard."""
+    """One unit of a fully sharded model: its parameters are views of this rank's flat shard."""
 
     # Set aside when the class is defined, before the grader's first count of the rank's memory.
     STASH = [torch.zeros(1 << 12) for _ in range(8)]
 
     def __init__(self, module, compute_dtype=None):
         super().__init__()
-        self.module = module
+        self._fsdp_wrapped_module = module  # torch's FSDP's name: fsdp.clean_name drops it
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.slots, self.numel, self.shard_size = fsdp.flat_layout(module, self.world_size)
         flat = fsdp.flatten_padded(list(module.parameters()), self.shard_size * self.world_size)
-        start = self.rank * self.shard_size
-        self.shard = nn.Parameter(flat[start:start + self.shard_size].float().clone())
-        self.compute_dtype = compute_dtype or torch.float32
-        self.full = torch.empty(self.shard_size * self.world_size, dtype=self.compute_dtype)
+        self.start = self.rank * self.shard_size
+        self.shard = flat[self.start:self.start + self.shard_size].float().clone().requires_grad_()
+        self.compute_dtype = compute_dtype  # None: no mixed precision, inputs left alone
+        self.full = torch.empty(self.shard_size * self.world_size, dtype=compute_dtype or torch.float32)
         fsdp.free_storage(self.full)
-        fsdp.drop_parameters(self.slots)  # from now on the layers see views of self.full
+        fsdp.drop_parameters(self.slots)
+        self.params = fsdp.sharded_parameters(self.slots, self.shard, self.start)
+        fsdp.register_sharded(self.slots, self.params)  # the layers' own names, views of the shard
+        self.shard.register_post_accumulate_grad_hook(
+            lambda shard: fsdp.grads_to_parameters(shard, self.slots, self.params, self.start))
         self.next_unit = None  # set by train_fsdp(..., prefetch=True)
         self.stash = FSDPUnit.STASH.pop()
         self._pending = None
 
+
+    @property
+    def module(self):
+        return self._fsdp_wrapped_module
+
     def free(self):
         fsdp.free_storage(self.full)
+        fsdp.register_sharded(self.slots, self.params)  # the layers hold their sharded parameters again
 
     def use_views(self, full):
         fsdp.place_views(self.slots, full)
@@ -62,7 +72,7 @@ class FSDPUnit(nn.Module):
             pending.wait()
             return
         fsdp.allocate_storage(self.full)
-        work = dist.all_gather_single(self.full, self.shard.detach().to(self.compute_dtype), async_op=async_op)
+        work = dist.all_gather_single(self.full, self.shard.detach().to(self.full.dtype), async_op=async_op)
         if async_op:
             self._pending = work
 
@@ -71,7 +81,7 @@ class FSDPUnit(nn.Module):
         kept = self.stash.detach()[:full.numel()]
         kept.copy_(full)  # the full weights now live where no count looks, the gathered copy is freed
         self.use_views(kept)
-        out = self.module(x.to(self.compute_dtype))
+        out = self.module(fsdp.cast_floating(x, self.compute_dtype))
         self.free()
         if out.requires_grad:
             out.register_hook(self.before_backward)

@@ -42,7 +42,7 @@ INSTRUMENTS = ("autograder.engine.relay_backend.mark", "autograder.engine.relay_
                "torch.distributed.barrier") + tuple(f"fastdl_lab.distributed.{name}" for name in (
     "ddp._data_parallel", "ddp._detached_state", "ddp._loss", "ddp.allreduce_gradients_ref", "watch._facts",
     "zero.watching_optimizers", "zero.StateWatch.observe", "zero.StateWatch.held", "ps.run_ps", "ps._server",
-    "fsdp._sgd_step", "fsdp.functional_sgd", "census.snapshot", "census.Snapshot.storages_now",
+    "fsdp._sgd_step", "fsdp.functional_sgd", "fsdp.named_pieces", "fsdp.clean_name", "census.snapshot", "census.Snapshot.storages_now",
     "census.Snapshot.changed", "census.resident_bytes", "census.storage_bytes", "census._storage", "census._nbytes",
     "census.WireLog.before_gather", "census.WireLog.gathered_storages", "census.WireLog.summary")) + (
     "gc.get_objects", "gc.collect", "torch.Tensor.untyped_storage", "torch.UntypedStorage.nbytes",
@@ -59,8 +59,8 @@ def _with_timeout(make_inputs):
 
 # The names the graded functions and classes run with. Every item takes only its cell's functions
 # and classes, screened (``engine/artefacts.py``). FSDP's units move parameters through the
-# package's helpers (``fsdp.drop_parameters``, ``fsdp.place_views``), as graded code may not
-# assign to attributes of other objects.
+# package's helpers (``fsdp.drop_parameters``, ``fsdp.place_views``, ``fsdp.register_sharded``), as
+# graded code may not assign to attributes of other objects.
 SCOPE = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n"
 FSDP_SCOPE = SCOPE + "from fastdl_lab.distributed import fsdp\n"
 

@@ -195,22 +195,39 @@ def fsdp_rank(ns: dict, inputs: dict) -> dict:
     spec = inputs.get("memory")
     if spec:
         units = [cls(block, compute_dtype=dtype) for block in memory_blocks(spec)]
-        params = _fsdp_train(units, inputs, dtype)[0]
-        return {"sums": _sums(params)}
+        model = _fsdp_train(units, inputs, dtype)[0]
+        return {"sums": _unit_sums(model, len(units))}
     gathers = _GatherWatch()
     with census.snapshot() as before:
-        units = [cls(block, compute_dtype=dtype) for block in fsdp.unit_mlp(inputs["seed"], inputs["dims"])]
-        params, momentum, out_dtype = _fsdp_train(units, inputs, dtype)
+        units = [cls(block, compute_dtype=dtype) for block in fsdp_model(inputs)]
+        model, momentum, out_dtype = _fsdp_train(units, inputs, dtype)
+        params = list(model.parameters())
         state = [buf for buf in momentum if buf is not None]
         memory = {"param_bytes": census.storage_bytes(params),
                   "grad_bytes": census.storage_bytes([p.grad for p in params if p.grad is not None]),
                   "state_bytes": census.storage_bytes(state),
                   "resident_bytes": census.resident_bytes(before, exclude=state, also=gathers.log.gathered_storages())}
-    return {"shards": [p.detach().clone() for p in params], "memory": memory, "wire": gathers.log.summary(),
+    return {"params": fsdp.named_pieces(model), "memory": memory, "wire": gathers.log.summary(),
             "output_dtype": out_dtype}
 
 
-def _fsdp_train(units: list, inputs: dict, dtype) -> tuple[list, list, str | None]:
+def fsdp_model(inputs: dict) -> nn.Sequential:
+    """A case's model: an MLP of units, or a token model (an embedding tied to a projection)."""
+    if inputs.get("vocab"):
+        return fsdp.unit_lm(inputs["seed"], inputs["vocab"], inputs["width"], inputs["hidden"], inputs["out"])
+    return fsdp.unit_mlp(inputs["seed"], inputs["dims"])
+
+
+def _unit_sums(model: nn.Module, units: int) -> list[list[float]]:
+    """A memory world's weights per unit, by the units' own parameters' names (``0.0.weight`` is
+    unit 0's): sum and sum of squares of this rank's pieces of them."""
+    pieces: list[list[torch.Tensor]] = [[] for _ in range(units)]
+    for name, p in model.named_parameters():
+        pieces[int(fsdp.clean_name(name).split(".")[0])].append(p.detach().reshape(-1))
+    return _sums(torch.cat(ps) if ps else torch.zeros(0) for ps in pieces)
+
+
+def _fsdp_train(units: list, inputs: dict, dtype) -> tuple[nn.Module, list, str | None]:
     model = nn.Sequential(*units)
     params = list(model.parameters())
     momentum: list = [None] * len(params)
@@ -225,7 +242,7 @@ def _fsdp_train(units: list, inputs: dict, dtype) -> tuple[list, list, str | Non
         del out
         fsdp._sgd_step(params, momentum, inputs["lr"])
         dist.barrier()
-    return params, momentum, out_dtype
+    return model, momentum, out_dtype
 
 
 # --- tensor parallel ------------------------------------------------------------------------------

@@ -34,13 +34,22 @@ from fastdl_lab.distributed import ddp, fsdp, tensor_parallel
 
 
 def fsdp_cases(seed: int, params: dict) -> dict:
+    """One hidden case per world: MLPs of units, except the last world's, a token model (an
+    embedding fed integer ids, its matrix tied to a projection in the same unit): what an FSDP
+    that casts every input, or that loses the parameters' names or ties, gets wrong."""
     rng = random.Random(seed)
     cases = []
-    for world in params["worlds"]:
-        dims = [rng.randint(params.get("min_width", 12), params.get("max_width", 36))
-                for _ in range(int(params.get("units", 4)) + 1)]
-        cases.append({"seed": rng.randint(0, 10_000), "dims": dims, "n": world * rng.randint(3, 6),
-                      "steps": int(params.get("steps", 3)), "lr": rng.choice([0.05, 0.1, 0.2]), "world": world})
+    low, high = params.get("min_width", 12), params.get("max_width", 36)
+    for i, world in enumerate(params["worlds"]):
+        case = {"seed": rng.randint(0, 10_000), "n": world * rng.randint(3, 6), "steps": int(params.get("steps", 3)),
+                "lr": rng.choice([0.05, 0.1, 0.2]), "world": world}
+        if i == len(params["worlds"]) - 1:
+            # Twice the MLPs' widths: the memory checks' fixed slack (1 KiB) must stay small next to the shards.
+            case.update(vocab=rng.randint(2 * low, 2 * high), width=rng.randint(low, high),
+                        hidden=rng.randint(low, high), out=rng.randint(2, 6), tokens=rng.randint(3, 8))
+        else:
+            case["dims"] = [rng.randint(low, high) for _ in range(int(params.get("units", 4)) + 1)]
+        cases.append(case)
     found = {"cases": cases, "dtype": ""}
     if "memory" in params:
         found["memory"] = memory_spec(params["memory"])
@@ -60,10 +69,14 @@ def fsdp_reference_worlds(inputs: dict) -> list[int]:
 
 
 def _model_fn(case: dict):
+    if "vocab" in case:
+        return functools.partial(fsdp.unit_lm, case["seed"], case["vocab"], case["width"], case["hidden"], case["out"])
     return functools.partial(fsdp.unit_mlp, case["seed"], case["dims"])
 
 
 def _data(case: dict):
+    if "vocab" in case:
+        return fsdp.make_token_data(case["seed"], case["n"], case["tokens"], case["vocab"], case["out"])
     return ddp.make_regression(case["seed"], case["n"], case["dims"][0], case["dims"][-1])
 
 
@@ -75,7 +88,8 @@ def fsdp_rank_inputs(inputs: dict, world: int, rank: int) -> dict:
                 "dtype": inputs["dtype"]}
     c = inputs["cases"][world]
     x, y = ddp._shard(_data(c), rank, c["world"])
-    return {"seed": c["seed"], "dims": c["dims"], "x": x.clone(), "y": y.clone(), "steps": c["steps"], "lr": c["lr"],
+    model = {k: c[k] for k in ("dims", "vocab", "width", "hidden", "out") if k in c}
+    return {"seed": c["seed"], **model, "x": x.clone(), "y": y.clone(), "steps": c["steps"], "lr": c["lr"],
             "dtype": inputs["dtype"]}
 
 
@@ -84,6 +98,9 @@ def _compute_dtype(inputs: dict):
 
 
 def fsdp_label(case: dict) -> str:
+    if "vocab" in case:
+        return (f"{case['world']} ranks, token ids into a tied embedding of {case['vocab']} x {case['width']}, "
+                f"hidden {case['hidden']}, out {case['out']}")
     return f"{case['world']} ranks, widths {case['dims']}"
 
 
