@@ -1,14 +1,14 @@
 """Benchmark of the labs' ungraded experiments: each figure a section shows, recorded with its machine.
 
 The sections that teach by measuring (lab 01's im2col, K alignment and first kernel; lab 02's
-compiled overhead-bound loop; lab 04's memory pools and compiled optimizer step; lab 06's
-host-to-device copies and latency ladder; lab 09's distilled student and depthwise-separable
-convolution) print their figures at the student's desk. This module measures the same experiments
-at the labs' full sizes and returns one row per figure, so that ``benchmarks/experiments.py``
-keeps them in ``benchmarks/results/experiments.csv`` beside the machine that produced them. Every
-timed pair is A/B-interleaved by ``timing.compare`` (the baseline is what a user would call
-instead); rows an experiment can only have on a GPU are kept with the note "needs a GPU" and no
-figure, never a guess.
+compiled overhead-bound loop and its FLOPs against time; lab 04's memory pools and compiled
+optimizer step; lab 06's host-to-device copies and latency ladder; lab 09's distilled student and
+depthwise-separable convolution) print their figures at the student's desk. This module measures
+the same experiments at the labs' full sizes and returns one row per figure, so that
+``benchmarks/experiments.py`` keeps them in ``benchmarks/results/experiments.csv`` beside the
+machine that produced them. Every timed pair is A/B-interleaved by ``timing.compare`` (the
+baseline is what a user would call instead); rows an experiment can only have on a GPU are kept
+with the note "needs a GPU" and no figure, never a guess.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ BENCHMARK = {
     # Full sizes, as the labs run them with FASTDL_QUICK=0; ``quick`` is for the unit test only.
     "full": {"conv": (32, 32, 28, 28, 64), "k_m": 512, "gpu_k_m": 8192, "pool_mb": [1, 16, 64],
              "tiny_layers": (32, 64, 8), "optim_steps": 6, "copy_bytes": 256 << 20, "matmul_n": 4096,
-             "distill_seed": 0, "separable": (128, 56), "reps": 15},
+             "distill_seed": 0, "separable": (128, 56), "breakdown": (None, 8), "reps": 15},
     "quick": {"conv": (2, 4, 8, 8, 8), "k_m": 32, "gpu_k_m": 1024, "pool_mb": [1], "tiny_layers": (4, 16, 2),
               "optim_steps": 3, "copy_bytes": 1 << 20, "matmul_n": 256, "distill_seed": 0, "separable": (8, 12),
-              "reps": 3},
+              "breakdown": ((64, 32, 2, 2), 2), "reps": 3},
     "columns": ["lab", "experiment", "variant", "baseline", "case", "median_s", "iqr_s", "speedup", "ci_low",
                 "ci_high", "figure", "unit", "note"],
 }
@@ -121,6 +121,21 @@ def overhead_rows(spec: dict, dev: str) -> list[dict]:
     return [row(lab="02", experiment="overhead-bound loop", variant=name, baseline="eager",
                 case=f"{depth} layers {width} wide, batch {batch}", median_s=t.median, iqr_s=t.iqr,
                 speedup=eager / t.median) for name, t in times.items() if name != "eager"]
+
+
+def breakdown_rows(spec: dict, dev: str) -> list[dict]:
+    from fastdl_lab.capstone import breakdown, data, model
+
+    sizes, batch_size = spec["breakdown"]
+    config = (model.CPU_CONFIG if sizes is None else
+              model.GPTConfig(d_model=sizes[0], seq_len=sizes[1], n_layer=sizes[2], n_head=sizes[3]))
+    gpt = model.build(config, attention="math", device=dev)
+    x, y = next(data.batches("train", 1, batch_size, config.seq_len, device=dev))
+    case = (f"GPT d={config.d_model} T={config.seq_len} L={config.n_layer}, batch {batch_size}, forward + backward, "
+            "attention written out")
+    return [row(lab="02", experiment="FLOPs against time", variant=r["class"], case=case, median_s=r["time_s"],
+                figure=r["flops_share"], unit="share of FLOPs", note=f"{r['time_share']:.4f} of the time")
+            for r in breakdown.flop_time_table(breakdown.training_step(gpt, x, y), steps=spec["reps"] // 3 or 1)]
 
 
 # --- lab 04 ---------------------------------------------------------------------------------------
@@ -220,8 +235,8 @@ def separable_rows(spec: dict, dev: str) -> list[dict]:
                 note=f"{r['depthwise_share']['flops']:.4f} of its FLOPs")]
 
 
-EXPERIMENTS = [im2col_rows, k_alignment_rows, scaled_add_rows, overhead_rows, pool_rows, compiled_step_rows,
-               transfer_rows, ladder_rows, distill_rows, separable_rows]
+EXPERIMENTS = [im2col_rows, k_alignment_rows, scaled_add_rows, overhead_rows, breakdown_rows, pool_rows,
+               compiled_step_rows, transfer_rows, ladder_rows, distill_rows, separable_rows]
 
 
 def benchmark(log: Log = print, size: str = "full") -> list[dict]:

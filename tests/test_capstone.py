@@ -172,3 +172,21 @@ def test_autocast_is_entered_per_forward_so_each_step_sees_the_updated_weights()
     with torch.no_grad():
         gpt.blocks[0].mlp.fc.weight.mul_(2.0)
     assert first.dtype == torch.bfloat16 and not torch.equal(gpt(x)[0].detach(), first)
+
+
+def test_the_flop_time_table_counts_a_steps_matmuls_exactly_and_times_every_class():
+    from fastdl_lab.capstone import breakdown
+
+    gpt = model.build(SMALL, attention="math")
+    x, y = next(data.batches("train", 1, 2, SMALL.seq_len))
+    rows = breakdown.flop_time_table(breakdown.training_step(gpt, x, y), steps=1)
+    by_class = {r["class"]: r for r in rows}
+    assert list(by_class) == list(breakdown.CLASSES)
+    # A backward does two matmuls per forward one: the step is three forwards' matmul FLOPs.
+    assert by_class["matmul"]["flops"] == 3 * model.matmul_flops_per_token(SMALL)["total"] * x.numel()
+    assert by_class["matmul"]["flops_share"] == 1.0
+    assert sum(r["time_share"] for r in rows) == pytest.approx(1.0)
+    assert all(by_class[c]["time_s"] > 0 for c in ("matmul", "softmax", "layernorm", "elementwise"))
+    assert breakdown.op_class("aten::addmm") == "matmul" and breakdown.op_class("aten._softmax.default") == "softmax"
+    assert breakdown.op_class("aten::embedding_dense_backward") == "other"
+    assert len(breakdown.plot_shares(rows).axes[0].patches) == 2 * len(rows)

@@ -22,7 +22,7 @@ def test_quick_run_measures_what_the_cpu_can_and_names_the_rest():
     rows = experiments.benchmark(log=lambda _: None, size="quick")
     measured = [r for r in rows if r["note"] is None or not r["note"].startswith(experiments.NEEDS_GPU)]
     waiting = [r for r in rows if r not in measured]
-    assert {r["lab"] for r in measured} == {"01", "04", "06", "09"}
+    assert {r["lab"] for r in measured} == {"01", "02", "04", "06", "09"}
     assert all(r["median_s"] is None and r["figure"] is None for r in waiting)
     assert {r["experiment"] for r in waiting} >= {"host-to-device copy", "overhead-bound loop", "caching allocator"}
     # A float learning rate recompiles once the schedule changes it; a tensor one does not.
@@ -36,6 +36,7 @@ def test_the_committed_table_has_a_cpu_row_for_every_experiment():
     with RESULTS.open(newline="") as f:
         rows = list(csv.DictReader(f))
     cpu = {(r["lab"], r["experiment"]) for r in rows if r["device_kind"] == "cpu"}
-    assert {("01", "conv as a matmul"), ("01", "K alignment"), ("04", "memory pool (CPU malloc)"),
+    assert {("01", "conv as a matmul"), ("01", "K alignment"), ("02", "FLOPs against time"),
+            ("04", "memory pool (CPU malloc)"),
             ("04", "compiled optimizer step"), ("06", "latency ladder"), ("09", "distillation"),
             ("09", "depthwise-separable conv")} <= cpu

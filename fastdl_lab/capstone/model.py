@@ -8,7 +8,8 @@ that its two kernels of the course are parameters:
 - ``layernorm``: a function ``(x, weight, bias, eps) -> y`` over the last dimension;
 - ``attention``: a function ``(q, k, v) -> o`` on ``(batch, heads, tokens, head_dim)``, causal.
 
-``LAYER_NORMS`` and ``ATTENTIONS`` name the ones the package has: ``"torch"`` (what a user calls),
+``LAYER_NORMS`` and ``ATTENTIONS`` name the ones the package has: ``"torch"`` (what a user calls;
+for attention also ``"math"``, the definition written out, every matmul visible to a profiler),
 ``"course-pytorch"`` (the course's algorithm in plain PyTorch: lab 03's reference, lab 05's
 FlashAttention ``autograd.Function``; no Triton, so it trains at CPU speed) and
 ``"course-triton"`` (labs 03 and 05's Triton kernels: the GPU path; on a CPU the interpreter runs
@@ -83,6 +84,16 @@ def _torch_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _math_attention(q, k, v):
+    """Attention as its definition writes it: scores, a causal mask, softmax, a weighted sum. The
+    T x T matrix is made and kept, as lab 05's naive attention does; every matmul is visible to a
+    FLOP counter and a profiler (torch's fused kernel is one opaque op to both)."""
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
 def _course_pytorch_attention(q, k, v):
     from fastdl_lab.attention.torch_flash import flash_attention_torch
 
@@ -97,7 +108,8 @@ def _course_triton_attention(q, k, v):
 
 LAYER_NORMS: dict[str, LayerNormFn] = {"torch": _torch_layer_norm, "course-pytorch": _course_pytorch_layer_norm,
                                        "course-triton": _course_triton_layer_norm}
-ATTENTIONS: dict[str, AttentionFn] = {"torch": _torch_attention, "course-pytorch": _course_pytorch_attention,
+ATTENTIONS: dict[str, AttentionFn] = {"torch": _torch_attention, "math": _math_attention,
+                                      "course-pytorch": _course_pytorch_attention,
                                       "course-triton": _course_triton_attention}
 
 
