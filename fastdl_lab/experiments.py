@@ -2,11 +2,11 @@
 
 The sections that teach by measuring (lab 01's im2col, K alignment and first kernel; lab 02's
 compiled overhead-bound loop and its FLOPs against time; lab 04's memory pools and compiled
-optimizer step; lab 06's host-to-device copies and latency ladder; lab 09's distilled student and
-depthwise-separable convolution) print their figures at the student's desk. This module measures
-the same experiments at the labs' full sizes and returns one row per figure, so that
-``benchmarks/experiments.py`` keeps them in ``benchmarks/results/experiments.csv`` beside the
-machine that produced them. Every timed pair is A/B-interleaved by ``timing.compare`` (the
+optimizer step; lab 06's host-to-device copies and latency ladder; lab 09's distilled student,
+depthwise-separable convolution and sparse products) print their figures at the student's desk.
+This module measures the same experiments at the labs' full sizes and returns one row per figure,
+so that ``benchmarks/experiments.py`` keeps them in ``benchmarks/results/experiments.csv`` beside
+the machine that produced them. Every timed pair is A/B-interleaved by ``timing.compare`` (the
 baseline is what a user would call instead); rows an experiment can only have on a GPU are kept
 with the note "needs a GPU" and no figure, never a guess.
 """
@@ -25,10 +25,11 @@ BENCHMARK = {
     # Full sizes, as the labs run them with FASTDL_QUICK=0; ``quick`` is for the unit test only.
     "full": {"conv": (32, 32, 28, 28, 64), "k_m": 512, "gpu_k_m": 8192, "pool_mb": [1, 16, 64],
              "tiny_layers": (32, 64, 8), "optim_steps": 6, "copy_bytes": 256 << 20, "matmul_n": 4096,
-             "distill_seed": 0, "separable": (128, 56), "breakdown": (None, 8), "reps": 15},
+             "distill_seed": 0, "separable": (128, 56), "breakdown": (None, 8),
+             "sparse": (1024, (0.001, 0.01, 0.05, 0.1, 0.3)), "reps": 15},
     "quick": {"conv": (2, 4, 8, 8, 8), "k_m": 32, "gpu_k_m": 1024, "pool_mb": [1], "tiny_layers": (4, 16, 2),
               "optim_steps": 3, "copy_bytes": 1 << 20, "matmul_n": 256, "distill_seed": 0, "separable": (8, 12),
-              "breakdown": ((64, 32, 2, 2), 2), "reps": 3},
+              "breakdown": ((64, 32, 2, 2), 2), "sparse": (64, (0.01, 0.5)), "reps": 3},
     "columns": ["lab", "experiment", "variant", "baseline", "case", "median_s", "iqr_s", "speedup", "ci_low",
                 "ci_high", "figure", "unit", "note"],
 }
@@ -235,8 +236,18 @@ def separable_rows(spec: dict, dev: str) -> list[dict]:
                 note=f"{r['depthwise_share']['flops']:.4f} of its FLOPs")]
 
 
+def sparse_rows(spec: dict, dev: str) -> list[dict]:
+    from fastdl_lab import sparse
+
+    n, densities = spec["sparse"]
+    rows = [_compared("09", "sparse product", f"CSR at density {r['density']}", "dense matmul",
+                      f"{n} x {n} times {n} x {n}, one thread", r["comparison"], figure=r["nnz"], unit="nonzeros")
+            for r in sparse.density_sweep(n, densities, reps=spec["reps"])]
+    return rows + [_gpu_only("09", "sparse product", "2:4 semi-structured", "a tensor-core format, Ampere and later")]
+
+
 EXPERIMENTS = [im2col_rows, k_alignment_rows, scaled_add_rows, overhead_rows, breakdown_rows, pool_rows,
-               compiled_step_rows, transfer_rows, ladder_rows, distill_rows, separable_rows]
+               compiled_step_rows, transfer_rows, ladder_rows, distill_rows, separable_rows, sparse_rows]
 
 
 def benchmark(log: Log = print, size: str = "full") -> list[dict]:

@@ -33,7 +33,9 @@
 # 6. tune tiles, `num_warps` and `num_stages` from what the compiler reports, and on a GPU by
 #    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*;
 # 7. lower a convolution to one GEMM (im2col), check it against `F.conv2d`, and see what the
-#    copies cost.
+#    copies cost;
+# 8. see how a matrix multiply ran on a GPU before CUDA, as render passes of a fragment shader,
+#    and what on-chip sharing changed.
 #
 # Without a GPU, Triton kernels run in the **Triton interpreter** (`TRITON_INTERPRET=1`, switched
 # on by `fastdl_lab.device`): the same source, executed with NumPy on the CPU. It is exact enough
@@ -1000,6 +1002,48 @@ else:
     print(f"im2col + matmul vs F.conv2d, {tuple(x.shape)} * 64 3x3 filters: {cmp}")
 
 # %% [markdown]
+# ## 13. Before CUDA: a matrix multiply as render passes
+#
+# GPUs computed matrix products before they could be programmed for anything but drawing
+# (Larsen & McAllister, 2001; Krüger & Westermann, 2003). The recipe: store A and B as
+# **textures**; make C the **render target**, one pixel per element; draw one rectangle over the
+# target, which runs a **fragment shader** once per pixel. The shader for pixel $(i, j)$ fetches
+# row $i$ of A and column $j$ of B, texel by texel, and writes their dot product. Two limits of
+# the hardware shaped the algorithm:
+#
+# - a shader had a bounded length, so a long $K$ could not be one shader: the product was
+#   drawn in several **passes**, each adding a $K$-chunk's partial products to the previous
+#   pass's result;
+# - a shader cannot read the target it writes, so the passes **ping-pong** between two targets.
+#
+# `shaders.render_single_pass` and `shaders.render_multi_pass` emulate both, one "fragment" per
+# output element, and count what each fragment fetches:
+
+# %%
+from fastdl_lab import shaders
+
+a_tex, b_tex = checks.randn(16, 200, seed=1), checks.randn(200, 24, seed=2)
+try:
+    shaders.render_single_pass(a_tex, b_tex)
+except ValueError as exc:
+    print("single pass:", exc)
+for k_per_pass in (64, 16):
+    c_tex, render = shaders.render_multi_pass(a_tex, b_tex, k_per_pass)
+    checks.assert_close(c_tex, a_tex @ b_tex, atol=1e-4, rtol=1e-4, name="render passes")
+    print(f"{k_per_pass} elements of K per pass: {render.passes} passes, {render.fetches_per_output} texels "
+          f"fetched per output")
+print(f"a 64 x 64 tiled kernel loads {shaders.tiled_loads_per_output(200, 64, 64):.2f} elements per output "
+      f"from global memory")
+
+# %% [markdown]
+# Every fragment fetches its own $2K$ texels and nothing is shared between fragments; only the
+# texture cache softened that. Fatahalian, Sugerman & Hanrahan (2004) measured such products
+# bound by fetch bandwidth, far below the arithmetic the GPUs of the time could do. CUDA's
+# **shared memory** changed the arithmetic: a block of threads loads a tile of A and of B once
+# and every thread of the block reuses it, so a $64 \times 64$ tile loads $K/64 + K/64$ elements
+# per output instead of $2K$, 64 times fewer: the tiled kernel you wrote in section 5.
+
+# %% [markdown]
 # ## Summary
 #
 # - A matrix multiply does $O(n^3)$ work on $O(n^2)$ data; tiling turns that into arithmetic
@@ -1008,6 +1052,8 @@ else:
 # - A Triton program is one thread block on one SM: `num_warps` warps of 32 threads sharing
 #   registers and shared memory. You write it in blocks, with offsets and masks; loads along the
 #   stride-1 dimension coalesce.
+# - Before CUDA a GPU multiplied matrices as render passes of a fragment shader, each output
+#   fetching its own 2K texels; shared memory lets a tile's threads share their loads.
 # - Tensor cores are where a modern GPU's FLOPs are; fp16, bf16 and TF32 are the ways in.
 #   TF32 trades mantissa bits for speed and is opt-in in PyTorch, default in `tl.dot`.
 #   They want M, N and K in multiples of 16 bytes, best 128 (fp16: 8 and 64): pad what you

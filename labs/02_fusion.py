@@ -808,8 +808,8 @@ else:
 
 # %% [markdown]
 # On the 2-core course machine (d = 128, 4 blocks, 128 tokens, batch 8;
-# `benchmarks/results/experiments.csv`) the matmuls did all the counted FLOPs in 49% of the time;
-# the elementwise ops and copies took 33%, softmax 6%, LayerNorm 3% and the rest (the embedding,
+# `benchmarks/results/experiments.csv`) the matmuls did all the counted FLOPs in 51% of the time;
+# the elementwise ops and copies took 31%, softmax 6%, LayerNorm 3% and the rest (the embedding,
 # the loss's bookkeeping) 9%. Every non-matmul op is a candidate for fusion: the fused softmax of
 # section 4, a fused LayerNorm (lab 03), attention that never writes its scores (lab 05), and what
 # `torch.compile` fuses on its own.

@@ -32,7 +32,9 @@
 #    quantisation *(graded: `qat_beats_ptq`, 3 points)*;
 # 5. fold BatchNorm into the preceding Linear for inference and measure what `torch.compile` adds;
 # 6. distil a large model into a small one for fast single requests, against the same small model
-#    trained on labels.
+#    trained on labels;
+# 7. see when skipping zeros pays: a sparse product against a dense one as the density falls, and
+#    the 2:4 pattern GPUs accelerate.
 #
 # **How this lab is graded.** The grader takes your C++ source (the string `LLTM_CPP`), your
 # functions and classes, and your kernel out of their cells and runs each on its own: the C++ is
@@ -565,7 +567,7 @@ print(f"the depthwise half: {sep['depthwise_share']['flops']:.1%} of the separab
 # %% [markdown]
 # The time falls by much less than the FLOPs. On the 2-core course machine (128 channels, 56 × 56,
 # one thread; `benchmarks/results/experiments.csv`) the separable layer had 0.119 of the FLOPs and
-# took 0.22 of the time, and its depthwise half did 6.6% of its FLOPs in 46% of its time (0.33
+# took 0.22 of the time, and its depthwise half did 6.6% of its FLOPs in 45% of its time (0.33
 # and 58% in a run beside other work: the depthwise half suffers most from a busy memory system). A depthwise convolution
 # does only $k^2 = 9$ multiply-adds per value it reads, so it sits far left on lab 00's roofline,
 # bound by memory; the pointwise half is a plain matrix multiply. FLOPs are the wrong currency
@@ -580,6 +582,43 @@ print(f"the depthwise half: {sep['depthwise_share']['flops']:.1%} of the separab
 # engines per GPU type. It needs an NVIDIA GPU and is not installed by this course: nothing here
 # runs it. `torch.compile(mode="max-autotune")` is the same idea inside PyTorch: it benchmarks
 # candidate kernels on the machine it runs on.
+#
+# ## 7. Skipping zeros: sparse products
+#
+# Pruning sets most of a layer's weights to zero; the product can then skip them. Stored as
+# **CSR** (the nonzeros, their column indices, where each row starts), a sparse-times-dense
+# product does work in proportion to the nonzeros, but each nonzero costs an index read and an
+# irregular gather of a row of the dense operand, while the dense product streams regular,
+# cache-blocked tiles through vector units (or tensor cores). `sparse.density_sweep` times
+# `torch.sparse.mm` on CSR against the dense product as the density falls, on one thread:
+
+# %%
+from fastdl_lab import sparse
+
+sweep = sparse.density_sweep(256 if QUICK else 1024, densities=(0.01, 0.1, 0.5) if QUICK else
+                             (0.001, 0.01, 0.05, 0.1, 0.3), reps=3 if QUICK else 10)
+for r in sweep:
+    print(f"density {r['density']:5.1%}: {r['nnz']:7d} nonzeros, sparse {r['sparse_s'] * 1e3:7.3f} ms, "
+          f"dense {r['dense_s'] * 1e3:7.3f} ms: sparse {r['speedup']:.2f}x")
+pruned = sparse.prune_2_4(checks.randn(8, 16, seed=3))
+print(f"2:4 pruned: {sparse.is_2_4(pruned)}, {int((pruned != 0).sum())} of {pruned.numel()} kept")
+try:
+    sparse.semi_structured(pruned.half().to("cuda" if device.has_gpu() else "cpu"))
+    print("2:4 semi-structured format built on this GPU")
+except RuntimeError as exc:  # without a GPU it says so; an older GPU says what it lacks
+    print(exc)
+
+# %% [markdown]
+# On the 2-core course machine (1024 × 1024, one thread; `benchmarks/results/experiments.csv`)
+# sparse won only below about 10% nonzeros: 5.3× faster at 1%, 1.9× at 5%, even at 10%, three
+# times slower at 30%. A GPU makes the
+# crossover lower still for unstructured sparsity: its dense products run on tensor cores, and
+# irregular gathers waste the wide memory transactions it is built for. What pays on a GPU is
+# sparsity with a regular pattern. **2:4** (Ampere and later): in every group of four weights of a
+# row at most two are nonzero (`sparse.prune_2_4` keeps the two largest); the tensor cores store
+# the two values with 2-bit positions and multiply at up to twice the dense rate, through
+# `torch.sparse.to_sparse_semi_structured`. A 2:4-pruned model is usually fine-tuned to win back
+# its accuracy. **Block sparsity** (whole tiles zero) lets a tiled kernel like yours skip tiles.
 #
 # ## GPU speed item
 #
@@ -606,3 +645,5 @@ else:
 #   straight-through estimator).
 # - A smaller model serves a request with less work; distillation trains it on the teacher's
 #   softened outputs, which carry more per example than labels.
+# - Unstructured sparsity pays only at low density, and less on a GPU than on a CPU; 2:4 and
+#   block sparsity keep the regular access hardware needs.

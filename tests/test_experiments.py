@@ -39,4 +39,4 @@ def test_the_committed_table_has_a_cpu_row_for_every_experiment():
     assert {("01", "conv as a matmul"), ("01", "K alignment"), ("02", "FLOPs against time"),
             ("04", "memory pool (CPU malloc)"),
             ("04", "compiled optimizer step"), ("06", "latency ladder"), ("09", "distillation"),
-            ("09", "depthwise-separable conv")} <= cpu
+            ("09", "depthwise-separable conv"), ("09", "sparse product")} <= cpu
