@@ -62,6 +62,14 @@
 # What only your rank could count (that all-reduces started during backward, the optimizer state
 # or tensors it holds) is worth one point of an item at most. The tests in this notebook measure
 # the same things inside the ranks, for quick feedback; they are not the grade.
+#
+# **Time:** about 7.25 hours for a student who has done the labs before it, by section in minutes:
+# §1 20; §2 60; §3 50; §4 45; §5 50; §6 45; §7 25; §8 80; §9 40; §10 15. It is the longest lab,
+# about 1.75 times the median lab's hours, so it is taught over **two sessions**: sections 1–5
+# (data parallelism, the ring, parameter servers), then sections 6–10 (sharding: ZeRO-1, FSDP,
+# tensor parallelism). It stays one notebook, so that its graded items and the gradebook stay one
+# lab. Graded code regions take most of it; the estimates are the course's, not measured on a
+# class.
 
 # %%
 from fastdl_lab import device
@@ -914,6 +922,8 @@ for _hidden_tau in (0, 2):
 
 # %% [markdown]
 # ## 6. Sharding the optimizer state: ZeRO-1
+#
+# *The second session of this lab starts here.*
 #
 # Data parallelism replicates everything on every rank. How much is everything? Training with Adam
 # in mixed precision keeps, per parameter (Rajbhandari et al., *ZeRO*, SC 2020):
