@@ -111,6 +111,7 @@ def slow_run():
 trace = profile.profile_steps(slow_run, steps=2, warmup=1, name="slow_loop")
 print("trace written to", trace)
 print(profile.summarise_trace(trace, top=12))
+profile.plot_timeline(trace, title="the slow loop's main thread: red is time in no op at all");
 
 # %% [markdown]
 # A profiler tells you *where* time goes; a counter tells you *why* the device would wait.

@@ -76,6 +76,20 @@ def test_summary_arithmetic_on_a_hand_made_trace():
     assert (s.wall_us, s.busy_us, s.steps) == (400, 170, 1)
 
 
+def test_the_timeline_is_the_summarys_busy_stretches_and_gaps_as_bars():
+    trace = {"traceEvents": [
+        _x("ProfilerStep#0", 0, 200, cat="user_annotation"), _x("ProfilerStep#1", 200, 200, cat="user_annotation"),
+        _x("outer", 0, 100), _x("inner", 10, 30), _x("next", 200, 50), _x("late", 290, 20),
+    ]}
+    line = profile.timeline(trace, gap_us=40)
+    assert line["busy"] == [(0, 100), (200, 50), (290, 20)] and line["steps"] == [0, 200]
+    assert [(g.start_us, g.length_us) for g in line["gaps"]] == [(100, 100), (250, 40)]
+    assert [(g.start_us, g.length_us) for g in profile.summarise_trace(trace, gap_us=40).gaps] == [(100, 100), (250, 40)]
+    ax = profile.plot_timeline(trace, gap_us=40).axes[0]
+    busy, gaps = ax.collections[:2]
+    assert len(busy.get_paths()) == 3 and len(gaps.get_paths()) == 2 and len(ax.lines) == 2
+
+
 def test_step_flops_of_a_linear_layer():
     m, k, n = 13, 24, 7
     layer, x = torch.nn.Linear(k, n), torch.randn(m, k, requires_grad=True)

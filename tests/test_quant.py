@@ -445,3 +445,25 @@ print("student copy ok")
 def test_check_passes(capsys):
     quant.check()
     assert "checks passed" in capsys.readouterr().out
+
+
+def test_channel_errors_per_tensor_hurt_the_small_channels_and_per_channel_does_not():
+    from fastdl_lab.quant import formats
+
+    w = torch.randn(6, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 0, 6)[:, None]
+    errors = formats.channel_errors(w, bits=4)
+    # With one scale for the tensor, the smallest row is rounded on the largest row's grid.
+    assert errors["per tensor"][0] > 10 * errors["per channel"][0]
+    assert errors["per channel"].max() < 0.2 and errors["per tensor"][-1] == pytest.approx(errors["per channel"][-1])
+    ax = formats.plot_channel_errors(w, bits=4).axes[0]
+    assert len(ax.lines) == 2 and len(ax.lines[0].get_ydata()) == 6
+
+
+def test_decision_maps_show_ptq_losing_and_qat_recovering_accuracy():
+    from fastdl_lab.quant import training
+
+    found = training.decision_maps(0, steps=60, resolution=20)
+    acc = list(found["accuracy"].values())
+    assert acc[1] < acc[0] - 0.2 and acc[2] > acc[1] + 0.2
+    assert all(m.shape == (20, 20) for m in found["maps"].values())
+    assert len(training.plot_decision_maps(found).axes) == 3

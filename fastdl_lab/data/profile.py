@@ -6,6 +6,7 @@
   can be studied anywhere: the ops that take the host's time, the stretches where the main thread
   ran no op at all (Python, a metric library, a collate: the device starves there), and the events
   that make the host wait for the device.
+- ``timeline`` / ``plot_timeline``: the main thread's busy stretches and gaps, drawn as bars.
 - ``step_flops``: the useful FLOPs of one step; divided by the step time and lab 00's measured or
   datasheet peak, they give the step's MFU.
 """
@@ -189,6 +190,51 @@ def summarise_trace(trace: Path | str | dict, top: int = 10, gap_us: float = 50.
     busy = sum(end - start for start, end, _ in toplevel)
     return TraceSummary(top_ops=top_ops, gaps=gaps, syncs=dict(syncs), wall_us=finish - origin, busy_us=busy,
                         steps=len(frames), gap_us=gap_us)
+
+
+def timeline(trace: Path | str | dict, gap_us: float = 50.0) -> dict:
+    """The main thread's time line, for a plot: ``busy`` (start, length) stretches inside some op,
+    ``gaps`` (``Gap``) of at least ``gap_us`` where it ran none, and ``steps``, the start of each
+    profiled step; every time in µs from the start of the first step."""
+    events = _load(trace)
+    main = _main_thread(events)
+    mine = sorted((e for e in events if (e.get("pid"), e.get("tid")) == main),
+                  key=lambda e: (float(e["ts"]), -float(e["dur"])))
+    frames = [e for e in mine if _is_frame(e)]
+    stretches: list[list] = []
+    for e in mine:
+        if e.get("cat") not in _HOST_WORK or _is_frame(e):
+            continue
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if stretches and start < stretches[-1][1]:
+            stretches[-1][1] = max(stretches[-1][1], end)
+        else:
+            stretches.append([start, end, e["name"]])
+    origin = float(frames[0]["ts"]) if frames else (stretches[0][0] if stretches else 0.0)
+    return {"busy": [(a - origin, b - a) for a, b, _ in stretches],
+            "gaps": [Gap(a[1] - origin, b[0] - a[1], a[2], b[2]) for a, b in zip(stretches, stretches[1:])
+                     if b[0] - a[1] >= gap_us],
+            "steps": [float(f["ts"]) - origin for f in frames]}
+
+
+def plot_timeline(trace: Path | str | dict, gap_us: float = 50.0, title: str = ""):
+    """The host's time line as bars: inside ops (blue), gaps of at least ``gap_us`` (red), a line
+    at the start of each step. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    line = timeline(trace, gap_us)
+    fig, ax = plt.subplots(figsize=(9, 1.8))
+    ax.broken_barh([(a / 1e3, n / 1e3) for a, n in line["busy"]], (0, 1), color="tab:blue", label="inside an op")
+    ax.broken_barh([(g.start_us / 1e3, g.length_us / 1e3) for g in line["gaps"]], (0, 1), color="tab:red",
+                   label=f"no op for {gap_us:g} µs or more")
+    for start in line["steps"]:
+        ax.axvline(start / 1e3, color="black", linewidth=0.8)
+    ax.set_yticks([])
+    ax.set_xlabel("ms from the first profiled step (black lines: step starts)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=2, fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------

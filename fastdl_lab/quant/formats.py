@@ -186,6 +186,37 @@ def quantization_error(w: torch.Tensor, *, bits: int = 8, symmetric: bool = True
             "sqnr_db": 20 * math.log10(signal / noise) if noise else math.inf}
 
 
+def channel_errors(w: torch.Tensor, bits: int = 8) -> dict[str, torch.Tensor]:
+    """Each output channel's (row's) relative round-trip error, ``||w_c - w_hat_c|| / ||w_c||``,
+    with one scale for the whole tensor (``"per tensor"``) and one per row (``"per channel"``)."""
+    rows = w.detach().double().reshape(w.shape[0], -1)
+    norms = rows.norm(dim=1).clamp(min=torch.finfo(torch.float64).tiny)
+    out = {}
+    for name, axis in (("per tensor", None), ("per channel", 0)):
+        q, scale, zero_point = quantize(w, bits=bits, symmetric=True, axis=axis)
+        back = dequantize(q, scale, zero_point, axis).double().reshape(rows.shape)
+        out[name] = (back - rows).norm(dim=1) / norms
+    return out
+
+
+def plot_channel_errors(w: torch.Tensor, bits: int = 8):
+    """Per-row relative error of per-tensor and per-channel quantisation, rows ordered by their
+    norm (smallest left), on a log scale. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    errors = channel_errors(w, bits)
+    order = w.detach().reshape(w.shape[0], -1).norm(dim=1).argsort()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for name, err in errors.items():
+        ax.plot(err[order].numpy(), marker=".", linestyle="none", label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("output channel, by the norm of its weights (smallest left)")
+    ax.set_ylabel(f"int{bits} relative error")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 @contextlib.contextmanager
 def one_thread():
     """Run PyTorch ops on one thread inside the block (the previous count is restored after).

@@ -220,3 +220,37 @@ def experiment(seed: int, *, bits: int = SETUP["bits"], steps: int = SETUP["qat_
     return {"seed": seed, "bits": bits, "float": accuracy(model, task.test),
             "ptq": accuracy(ptq(model, bits, calib), task.test),
             "qat": accuracy(qat(model, bits, steps, task.train, fake_quant=fake_quant, seed=seed + 1), task.test)}
+
+
+def decision_maps(seed: int, *, bits: int = SETUP["bits"], steps: int = SETUP["qat_steps"],
+                  resolution: int = 120) -> dict:
+    """The float model, its PTQ and its QAT (the package's fake quantisation) evaluated on a
+    ``resolution``-square grid over the task's plane: ``grid`` (the x and y coordinates), ``maps``
+    (name -> predicted class per grid point), ``accuracy`` (name -> test accuracy) and ``test``."""
+    task = make_task(seed)
+    model = train_float(seed)
+    models = {"float": model, f"PTQ, {bits} bits": ptq(model, bits, task.train[0]),
+              f"QAT, {bits} bits": qat(model, bits, steps, task.train, seed=seed + 1)}
+    axis = torch.linspace(-1.1, 1.1, resolution)
+    gx, gy = torch.meshgrid(axis, axis, indexing="xy")
+    points = torch.stack([gx.reshape(-1), gy.reshape(-1)], dim=1)
+    with torch.no_grad():
+        maps = {name: m.eval()(points).argmax(dim=1).reshape(resolution, resolution) for name, m in models.items()}
+    return {"grid": (gx, gy), "maps": maps, "accuracy": {name: accuracy(m, task.test) for name, m in models.items()},
+            "test": task.test}
+
+
+def plot_decision_maps(found: dict):
+    """``decision_maps``'s three models side by side: each class's region, the test points on top."""
+    import matplotlib.pyplot as plt
+
+    gx, gy = found["grid"]
+    x, y = found["test"]
+    fig, axes = plt.subplots(1, len(found["maps"]), figsize=(4 * len(found["maps"]), 4), sharey=True)
+    for ax, (name, classes) in zip(axes, found["maps"].items()):
+        ax.contourf(gx.numpy(), gy.numpy(), classes.numpy(), levels=int(classes.max()) + 1, alpha=0.35, cmap="tab10")
+        ax.scatter(x[:, 0].numpy(), x[:, 1].numpy(), c=y.numpy(), s=4, cmap="tab10")
+        ax.set_title(f"{name}: {found['accuracy'][name]:.1%}")
+        ax.set_aspect("equal")
+    fig.tight_layout()
+    return fig
