@@ -616,7 +616,7 @@ sweep = sparse.density_sweep(256 if QUICK else 1024, densities=(0.01, 0.1, 0.5) 
 for r in sweep:
     print(f"density {r['density']:5.1%}: {r['nnz']:7d} nonzeros, sparse {r['sparse_s'] * 1e3:7.3f} ms, "
           f"dense {r['dense_s'] * 1e3:7.3f} ms: sparse {r['speedup']:.2f}x")
-pruned = sparse.prune_2_4(checks.randn(8, 16, seed=3))
+pruned = sparse.prune_2_4(checks.randn(128, 128, seed=3))  # the GPU format wants both sides multiples of 64
 print(f"2:4 pruned: {sparse.is_2_4(pruned)}, {int((pruned != 0).sum())} of {pruned.numel()} kept")
 try:
     sparse.semi_structured(pruned.half().to("cuda" if device.has_gpu() else "cpu"))

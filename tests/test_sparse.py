@@ -35,3 +35,10 @@ def test_the_tensor_core_format_needs_a_gpu():
         pytest.skip("a GPU is here")
     with pytest.raises(RuntimeError, match="needs a GPU"):
         sparse.semi_structured(sparse.prune_2_4(torch.randn(64, 64)))
+
+
+@pytest.mark.gpu
+def test_the_tensor_core_format_multiplies_as_the_dense_matrix_does():
+    w = sparse.prune_2_4(torch.randn(128, 128, device="cuda")).half()
+    x = torch.randn(128, 64, device="cuda").half()
+    torch.testing.assert_close(torch.mm(sparse.semi_structured(w), x), w @ x, atol=1e-2, rtol=1e-2)

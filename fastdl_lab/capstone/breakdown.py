@@ -52,14 +52,16 @@ def flop_time_table(step: Callable[[], None], steps: int = 3) -> list[dict]:
     for op, count in counter.get_flop_counts().get("Global", {}).items():
         flops[op_class(str(op))] += count
     seconds = dict.fromkeys(CLASSES, 0.0)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
     for event in prof.key_averages():
         if event.key.startswith("aten::"):
-            # On a GPU the device's time is the one that counts; on a CPU its self time.
-            own = getattr(event, "self_device_time_total", 0) or event.self_cpu_time_total
+            # On a GPU the kernels' time is the one that counts (an op that launches none adds
+            # nothing); on a CPU, each op's own time.
+            own = event.self_device_time_total if on_gpu else event.self_cpu_time_total
             seconds[op_class(event.key)] += own / 1e6 / steps
     total_flops, total_s = sum(flops.values()) or 1, sum(seconds.values()) or 1.0
     return [{"class": cls, "flops": flops[cls], "flops_share": flops[cls] / total_flops, "time_s": seconds[cls],

@@ -19,8 +19,15 @@ import torch
 from fastdl_lab.capstone import data, model as capstone_model, step
 
 
+def _device() -> str:
+    from fastdl_lab import device
+
+    return "cuda" if device.has_gpu() else "cpu"
+
+
 def _fresh(config, seed: int = 0, **parts):
-    gpt = capstone_model.build(config, seed=seed, **parts)
+    """The model on this machine's device (the GPU where there is one), and its AdamW."""
+    gpt = capstone_model.build(config, seed=seed, device=_device(), **parts)
     return gpt, step.make_optimizer(gpt)
 
 
@@ -60,8 +67,7 @@ def compile_runs(config: capstone_model.GPTConfig, batch_size: int, steps: int =
     ``graphs`` and ``breaks`` (reason -> count) from ``torch._dynamo.explain`` on its forward."""
     import torch._dynamo
 
-    device = next(capstone_model.build(config, **parts).parameters()).device
-    batches = list(data.batches("train", steps, batch_size, config.seq_len, 0, device))
+    batches = list(data.batches("train", steps, batch_size, config.seq_len, 0, _device()))
     out = {}
     for name in ("eager", "compiled"):
         torch._dynamo.reset()
@@ -80,7 +86,7 @@ def compile_runs(config: capstone_model.GPTConfig, batch_size: int, steps: int =
         later = sorted(seconds[1:])
         out[name] = {"first_s": seconds[0], "later_s": later[len(later) // 2] if later else None}
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(capstone_model.build(config, **parts))(batches[0][0])
+    explained = torch._dynamo.explain(capstone_model.build(config, device=_device(), **parts))(batches[0][0])
     breaks: dict[str, int] = {}
     for reason in explained.break_reasons:
         breaks[reason.reason] = breaks.get(reason.reason, 0) + 1

@@ -90,20 +90,14 @@ def memory_split(model: GPT, optimizer: torch.optim.Optimizer, batch_size: int, 
     per-tensor step counters left out), and ``activations``: every storage the next forward saves
     for its backward, parameters excluded, each storage once (``memory.saved_tensor_bytes``'s rule)."""
     from fastdl_lab import memory
+    from fastdl_lab.amp.memory import training_bytes
 
     device = next(model.parameters()).device
     x, y = next(data.batches("train", 1, batch_size, model.config.seq_len, seed, device))
     _step(model, optimizer, x, y)
-    params = list(model.parameters())
-
-    def storages(tensors) -> dict:
-        return {memory._storage_key(t): t.untyped_storage().nbytes() for t in tensors}
-
-    weights = storages(params)
-    grads = storages(p.grad for p in params if p.grad is not None)
-    state = storages(t for per_param in optimizer.state.values() for name, t in per_param.items()
-                     if isinstance(t, torch.Tensor) and not (name == "step" and t.dim() == 0))
+    held = training_bytes(model, optimizer)  # lab 04's count, per parameter: back to bytes
+    weights = {memory._storage_key(p) for p in model.parameters()}
     _, saved = memory._saved_storages(lambda: model(x, y)[1], ())
-    activations = {key: n for key, n in saved.items() if key not in weights}
-    return {"weights": sum(weights.values()), "grads": sum(grads.values()), "optimizer": sum(state.values()),
-            "activations": sum(activations.values())}
+    return {"weights": round(held["params"] * held["numel"]), "grads": round(held["grads"] * held["numel"]),
+            "optimizer": round(held["optimizer"] * held["numel"]),
+            "activations": sum(n for key, n in saved.items() if key not in weights)}
