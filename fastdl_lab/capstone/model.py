@@ -177,12 +177,13 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """``forward(idx, targets=None)`` returns the logits and, given targets, the mean cross-entropy."""
 
-    def __init__(self, config: GPTConfig, layernorm: LayerNormFn, attention: AttentionFn):
+    def __init__(self, config: GPTConfig, layernorm: LayerNormFn, attention: AttentionFn, block: type | None = None):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
-        self.blocks = nn.ModuleList(Block(config, layernorm, attention) for _ in range(config.n_layer))
+        # ``block``: a class with ``Block``'s constructor and parameter names (lab 10's exercise).
+        self.blocks = nn.ModuleList((block or Block)(config, layernorm, attention) for _ in range(config.n_layer))
         self.ln_f = LayerNorm(config.d_model, layernorm, config.eps)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied, as in GPT-2: one matrix, two uses
@@ -236,9 +237,12 @@ def _initialise(model: GPT, seed: int) -> None:
 
 
 def build(config: GPTConfig = CPU_CONFIG, *, layernorm="torch", attention="torch", seed: int = 0,
-          device: str | torch.device = "cpu") -> GPT:
-    """The model with the named (or given) parts; the same ``config`` and ``seed`` give the same weights."""
-    model = GPT(config, _resolve(layernorm, LAYER_NORMS, "layernorm"), _resolve(attention, ATTENTIONS, "attention"))
+          device: str | torch.device = "cpu", block: type | None = None) -> GPT:
+    """The model with the named (or given) parts; the same ``config`` and ``seed`` give the same
+    weights. ``block`` replaces ``Block`` by a class with its constructor and parameter names (a
+    student's): the weights are drawn by name, so they are the same too."""
+    model = GPT(config, _resolve(layernorm, LAYER_NORMS, "layernorm"), _resolve(attention, ATTENTIONS, "attention"),
+                block)
     _initialise(model, seed)
     return model.to(device)
 
