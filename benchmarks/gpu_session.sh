@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU host (no registry, the image's python3): install the carried wheels,
 # put the carried bubblewrap first on PATH, grade the demo class of every lab sandboxed on the GPU's
-# profile (make gpu-class), then, with the time left, run make bench-gpu's GPU tests. Every log and
+# profile (make gpu-class), then, with the time left, lab 10's step benchmark and make bench-gpu's GPU tests. Every log and
 # the rows land in $OUT (or build/gpu-session where $OUT is unset) for the session to commit.
 #
 # Prepare here first (a CPU machine, after make venv):
@@ -31,6 +31,12 @@ timeout "$(left)" make --no-print-directory gpu-class PYTHON=python3 CLASS_ARGS=
 class_rc=${PIPESTATUS[0]}
 cp benchmarks/results/gpu_class.csv "$out/" 2>/dev/null
 
+if [ "$(left)" -gt 240 ]; then
+  # Lab 10's step on GPT-2 medium's shape, torch's parts against the course's Triton kernels.
+  echo "== benchmarks/capstone.py, with the $(left) s left"
+  (cd benchmarks && timeout "$(( $(left) / 2 ))" python3 capstone.py) 2>&1 | tee "$out/capstone.log"
+  cp benchmarks/results/capstone.csv "$out/" 2>/dev/null
+fi
 if [ "$(left)" -gt 120 ]; then
   echo "== make bench-gpu: the GPU tests, with the $(left) s left"
   timeout "$(( $(left) - 20 ))" make --no-print-directory bench-gpu PYTHON=python3 \

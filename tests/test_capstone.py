@@ -200,3 +200,36 @@ def test_the_flop_time_table_counts_a_steps_matmuls_exactly_and_times_every_clas
     assert breakdown.op_class("aten::addmm") == "matmul" and breakdown.op_class("aten._softmax.default") == "softmax"
     assert breakdown.op_class("aten::embedding_dense_backward") == "other"
     assert len(breakdown.plot_shares(rows).axes[0].patches) == 2 * len(rows)
+
+
+@pytest.mark.parametrize("sizes, batch, attention, recomputed", [
+    (dict(seq_len=24, d_model=32, n_head=2, n_layer=2), 3, "torch", 0),
+    (dict(seq_len=17, d_model=24, n_head=3, n_layer=3, vocab_size=300), 2, "math", 1),
+    (dict(seq_len=20, d_model=16, n_head=1, n_layer=2), 1, "torch", 2),
+])
+def test_the_memory_formula_is_what_the_step_holds_to_the_byte(sizes, batch, attention, recomputed):
+    from fastdl_lab.capstone import accounting
+
+    config = model.GPTConfig(**sizes)
+    measured = accounting.measure(config, batch, attention=attention, recompute_blocks=recomputed)
+    assert accounting.predict_memory_ref(config, batch, attention, recomputed) == measured
+
+
+def test_a_prediction_that_is_not_a_finite_number_is_wholly_wrong():
+    from fastdl_lab.capstone import accounting
+
+    measured = dict.fromkeys(accounting.PARTS, 100)
+    errors = accounting.relative_errors({"weights": float("nan"), "grads": "x", "optimizer": float("inf")}, measured)
+    assert errors == dict.fromkeys(accounting.PARTS, 1.0)
+    assert accounting.relative_errors({**measured, "activations": 103}, measured)["activations"] == pytest.approx(0.03)
+
+
+def test_a_students_block_class_builds_the_model_with_the_same_weights():
+    class Mine(model.Block):
+        pass
+
+    config = model.GPTConfig(seq_len=16, d_model=32, n_head=2, n_layer=2)
+    theirs, ours = model.build(config, block=Mine, seed=3), model.build(config, seed=3)
+    assert all(type(b) is Mine for b in theirs.blocks)
+    for (name, a), (_, b) in zip(theirs.state_dict().items(), ours.state_dict().items(), strict=True):
+        assert a.equal(b), name

@@ -44,7 +44,7 @@ def batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Ge
     starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=generator)
     windows = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()])
     # Two tensors of their own, not two views of one: what a step saves is then counted per tensor.
-    return windows[:, :-1].contiguous().to(device), windows[:, 1:].contiguous().to(device)
+    return windows[:, :-1].clone().to(device), windows[:, 1:].clone().to(device)
 
 
 def batches(split_name: str, steps: int, batch_size: int, seq_len: int, seed: int = 0,

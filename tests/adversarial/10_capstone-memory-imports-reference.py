@@ -1,4 +1,4 @@
-# expect: capstone_memory=rejected|error
+# expect: capstone_memory=rejected
 # Reading the answers: the formula is the package's, imported at call time.
 # %% grade_id=memory_code
 def predict_memory(config, batch_size, attention="torch", recompute_blocks=0):
