@@ -31,8 +31,8 @@
 #    *(section 4, about 45 minutes; graded: `ring_allreduce`, 3 points)*;
 # 5. run a **parameter server** with asynchronous SGD, and bound the staleness of its gradients
 #    *(section 5, about 50 minutes; graded: `parameter_server`, 1 point)*;
-# 6. shard any optimizer's state across ranks with **ZeRO-1**, bit for bit equal to the unsharded
-#    optimizer *(section 6, about 45 minutes; graded: `zero1`, 2 points)*;
+# 6. in the second session, shard any optimizer's state across ranks with **ZeRO-1**, bit for bit
+#    equal to the unsharded optimizer *(section 6, about 45 minutes; graded: `zero1`, 2 points)*;
 # 7. compare what the gloo, MPI and NCCL backends offer, and see what a larger global batch buys
 #    *(section 7, about 25 minutes)*;
 # 8. shard the weights themselves with **FSDP** (ZeRO-3), in fp32 and in bf16 with fp32 masters
