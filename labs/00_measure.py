@@ -18,13 +18,15 @@
 # 45% of peak". This lab gives you the tools to make such claims honestly:
 #
 # 1. **Peaks.** What the datasheets promise for the course GPUs, and what this machine
-#    actually delivers when measured.
+#    actually delivers when measured. *(sections 1 and 3, about 35 minutes)*
 # 2. **The roofline model.** Why a kernel is limited either by arithmetic or by memory traffic,
 #    how to tell which from two numbers, and from which batch size a layer stops being
-#    memory-bound. *(graded: `roofline`, 4 points: 2 for the calculators, 2 for the reasoning)*
+#    memory-bound. *(section 2, about 30 minutes; graded: `roofline`, 4 points: 2 for the
+#    calculators, 2 for the reasoning)*
 # 3. **Timing.** Why the obvious timing loop lies on an asynchronous device, and the loop that
-#    does not. *(graded: `timing`, 3 points)*
+#    does not. *(section 4, about 40 minutes; graded: `timing`, 3 points)*
 # 4. **The course harness** (`fastdl_lab.timing`) that every later lab uses, and **MFU**.
+#    *(sections 5–6, about 30 minutes)*
 #
 # Write your code in the marked solution regions of the graded cells. The test cells below them
 # give quick feedback; your grade comes from the autograder, which calls your functions on hidden

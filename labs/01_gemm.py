@@ -20,22 +20,23 @@
 # In this lab you will:
 #
 # 1. see where the famous "100× faster on a GPU" figures came from, then climb from three Python
-#    loops to a BLAS library and see how far apart they are;
+#    loops to a BLAS library and see how far apart they are *(sections 1–2, about 30 minutes)*;
 # 2. learn how a GPU runs a kernel (SMs, warps, programs, the memory hierarchy, coalescing), read
 #    a first kernel (a scaled add: which program owns which elements, and the mask), and write a
-#    small one: a **row sum** *(graded: `row_sum`, 2 points)*;
-# 3. write a **tiled Triton matmul kernel** *(graded: `matmul_fp32` 4 points, `matmul_fp16`
-#    2 points)*;
-# 4. implement the **grouped launch order** that makes tiles share the L2 cache *(graded:
-#    `grouped_order`, 2 points)*;
+#    small one: a **row sum** *(sections 3–4, about 75 minutes; graded: `row_sum`, 2 points)*;
+# 3. write a **tiled Triton matmul kernel** *(section 5, about 75 minutes; graded: `matmul_fp32`
+#    4 points, `matmul_fp16` 2 points)*;
+# 4. implement the **grouped launch order** that makes tiles share the L2 cache *(section 7, about
+#    40 minutes; graded: `grouped_order`, 2 points)*;
 # 5. meet tensor cores and TF32, place every version on the roofline, and compile your kernel
-#    for real GPUs even if you do not have one;
+#    for real GPUs even if you do not have one *(sections 6, 8 and 9, about 60 minutes)*;
 # 6. tune tiles, `num_warps` and `num_stages` from what the compiler reports, and on a GPU by
-#    timing *(graded: `matmul_speed`, 2 points on GPU profiles)*;
+#    timing *(sections 10–11, about 40 minutes; graded: `matmul_speed`, 2 points on GPU
+#    profiles)*;
 # 7. lower a convolution to one GEMM (im2col), check it against `F.conv2d`, and see what the
-#    copies cost;
+#    copies cost *(section 12, about 20 minutes)*;
 # 8. see how a matrix multiply ran on a GPU before CUDA, as render passes of a fragment shader,
-#    and what on-chip sharing changed.
+#    and what on-chip sharing changed *(section 13, about 15 minutes)*.
 #
 # Without a GPU, Triton kernels run in the **Triton interpreter** (`TRITON_INTERPRET=1`, switched
 # on by `fastdl_lab.device`): the same source, executed with NumPy on the CPU. It is exact enough

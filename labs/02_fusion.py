@@ -27,20 +27,21 @@
 # lab measures each regime on your machine and then removes memory traffic by **fusion**:
 #
 # 1. measure overhead, and the point where a chain of operations stops being limited by memory
-#    and starts being limited by arithmetic; let `torch.compile` fuse a chain;
-# 2. count the bytes a softmax moves when run as five separate ops *(graded: `softmax_bytes`,
-#    2 points)*;
+#    and starts being limited by arithmetic; let `torch.compile` fuse a chain *(sections 1–2,
+#    about 40 minutes)*;
+# 2. count the bytes a softmax moves when run as five separate ops *(section 3, about 30 minutes;
+#    graded: `softmax_bytes`, 2 points)*;
 # 3. write a **fused softmax kernel** in Triton: one pass over memory instead of five, for any
-#    row length
-#    *(graded: `softmax_fp32` 3 points, `softmax_fp16` 2 points, `softmax_speed` 2 points on GPU
-#    profiles)*;
-# 4. fold a BatchNorm into the convolution before it, for inference *(graded: `conv_bn_fold`,
-#    3 points)*;
+#    row length *(section 4, about 75 minutes; graded: `softmax_fp32` 3 points, `softmax_fp16`
+#    2 points, `softmax_speed` 2 points on GPU profiles)*;
+# 4. fold a BatchNorm into the convolution before it, for inference *(section 5, about 35 minutes;
+#    graded: `conv_bn_fold`, 3 points)*;
 # 5. train through Conv → BatchNorm while keeping less memory for backward, by recomputing
-#    *(graded: `convbn_memory`, 3 points)*;
+#    *(section 6, about 45 minutes; graded: `convbn_memory`, 3 points)*;
 # 6. see what the compiler sees: graph breaks, recompiles, CUDA graphs, and TorchScript's trace
-#    against its script;
-# 7. measure where a small transformer's training step spends its FLOPs and where its time.
+#    against its script *(section 7, about 25 minutes)*;
+# 7. measure where a small transformer's training step spends its FLOPs and where its time
+#    *(section 8, about 15 minutes)*.
 #
 # Without a GPU, Triton kernels run in the Triton interpreter (see lab 01): correct, and far too
 # slow to time. Timings on a CPU are of PyTorch's CPU kernels.

@@ -19,15 +19,18 @@
 # the memory traffic, and a fused kernel that touches each element once is the whole game. In
 # this lab you will:
 #
-# 1. see why LayerNorm is memory-bound and what fusing its dozen small operations saves;
-# 2. watch the textbook one-pass variance formula fall apart, and replace it with Welford's
-#    method in its parallel (block-combining) form;
-# 3. write the **forward kernel** *(graded: `layernorm_fwd_fp32` 3 points, `layernorm_fwd_fp16`
-#    2 points, `layernorm_stability` 2 points)*;
-# 4. derive the backward pass and write the **two backward kernels** *(graded: `layernorm_bwd`
-#    3 points)*;
-# 5. wire them into `torch.autograd` and train a small model with them *(graded:
-#    `layernorm_training`, 2 points)*; on a GPU, race `F.layer_norm` *(graded on GPU profiles:
+# 1. see why LayerNorm is memory-bound and what fusing its dozen small operations saves
+#    *(sections 1–2, about 25 minutes)*;
+# 2. watch the textbook one-pass variance formula fall apart *(section 3, about 20 minutes)*, and
+#    replace it with Welford's method in its parallel (block-combining) form;
+# 3. write the **forward kernel** *(section 4, about 60 minutes with Welford's method; graded:
+#    `layernorm_fwd_fp32` 3 points, `layernorm_fwd_fp16` 2 points, `layernorm_stability`
+#    2 points)*;
+# 4. derive the backward pass and write the **two backward kernels** *(section 5, about
+#    75 minutes; graded: `layernorm_bwd` 3 points)*;
+# 5. wire them into `torch.autograd` and train a small model with them *(section 6, about
+#    30 minutes; graded: `layernorm_training`, 2 points)*; see what they compile to and, on a
+#    GPU, race `F.layer_norm` *(sections 7–8, about 20 minutes; graded on GPU profiles:
 #    `layernorm_speed`, 2 points)*.
 #
 # Without a GPU the kernels run in the Triton interpreter: correct, and far too slow to time.

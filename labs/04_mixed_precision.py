@@ -20,17 +20,19 @@
 # stays in 32. In this lab you will:
 #
 # 1. meet fp32, tf32, fp16, bf16 and fp8 by experiment: where each overflows, underflows and
-#    rounds a training update away;
-# 2. run a training step under `torch.autocast` and see which operations change precision;
+#    rounds a training update away *(section 1, about 30 minutes)*;
+# 2. run a training step under `torch.autocast` and see which operations change precision
+#    *(section 2, about 20 minutes)*;
 # 3. watch a model stop learning in fp16 because its gradients flush to zero, and rescue it with a
-#    **dynamic loss scaler** you write by hand *(graded: `loss_scaler`, 3 points)*, inside a
-#    complete **AMP training step** *(graded: `amp_train_step`, 2 points)*;
-# 4. count the **bytes per parameter** of a training run under different recipes *(graded:
-#    `bytes_per_param`, 2 points)*;
-# 5. write AdamW as **one Triton kernel for a whole list of tensors** *(graded: `fused_adamw`,
-#    4 points)* and an optimizer that launches it once per step *(graded: `fused_adamw_launches`,
-#    2 points)*; on a GPU, race PyTorch's multi-tensor AdamW *(graded on GPU profiles:
-#    `fused_adamw_speed`, 2 points)*.
+#    **dynamic loss scaler** you write by hand *(section 3, about 60 minutes; graded:
+#    `loss_scaler`, 3 points)*, inside a complete **AMP training step** *(section 4, about
+#    30 minutes; graded: `amp_train_step`, 2 points)*;
+# 4. count the **bytes per parameter** of a training run under different recipes *(section 5,
+#    about 40 minutes; graded: `bytes_per_param`, 2 points)*;
+# 5. write AdamW as **one Triton kernel for a whole list of tensors** *(section 6, about
+#    90 minutes for this item; graded: `fused_adamw`, 4 points)* and an optimizer that launches it
+#    once per step *(graded: `fused_adamw_launches`, 2 points)*; on a GPU, race PyTorch's
+#    multi-tensor AdamW *(graded on GPU profiles: `fused_adamw_speed`, 2 points)*.
 #
 # **How this lab is graded.** The grader does not run your notebook as a whole. It takes out of
 # your solution cells only the classes, functions, `@triton.jit` kernels and literal constants

@@ -37,11 +37,11 @@
 # 6. measure what autograd keeps for the backward: quadratic for naive attention, linear for
 #    yours *(section 7, about 15 minutes; graded: `attention_memory`, 2 points)*; see your kernels
 #    compile to tensor-core instructions and, on a GPU, race PyTorch's own fused kernel *(sections
-#    8–9; graded on GPU profiles: `attention_speed`, 2 points)*.
+#    8–9, about 20 minutes; graded on GPU profiles: `attention_speed`, 2 points)*.
 #
-# The core path takes about 3.75 hours (by section below); the optional $dQ$ kernel about half an
-# hour more. The backward kernels are graded on the reference forward's output and logsumexp, so a
-# slip in your forward kernel does not cost the backward's points, nor the core the optional part's.
+# The optional $dQ$ kernel adds about half an hour to the core path, whose time is stated below. The
+# backward kernels are graded on the reference forward's output and logsumexp, so a slip in your
+# forward kernel does not cost the backward's points, nor the core the optional part's.
 #
 # Without a GPU the kernels run in the Triton interpreter: correct, and far too slow to time.
 #

@@ -21,16 +21,20 @@
 # **profile**. In this lab you will:
 #
 # 1. profile a training step with `torch.profiler`, read the trace, count host syncs, FLOPs and
-#    MFU, and find what is slow in a loop that has six problems planted in it;
+#    MFU, and find what is slow in a loop that has six problems planted in it *(section 1, about
+#    30 minutes)*;
 # 2. write the fixed loop: no host syncs, no constant uploaded every step, a vectorised step,
-#    loader workers, per-batch padding, and exactly the same losses *(graded: `loop_syncs`,
-#    3 points; `loop_losses`, 2 points; on GPU profiles `loop_speed`, 2 points)*;
+#    loader workers, per-batch padding, and exactly the same losses *(section 2, about
+#    60 minutes; graded: `loop_syncs`, 3 points; `loop_losses`, 2 points; on GPU profiles
+#    `loop_speed`, 2 points)*;
 # 3. measure a DataLoader over real JPEGs: `num_workers`, `pin_memory`, `prefetch_factor`,
-#    `persistent_workers`, decoding once or every epoch, augmenting per image or per batch;
-# 4. cut padding on real text lengths: a length-bucketing sampler *(graded: `bucket_sampler`,
-#    3 points)* and sequence packing with the isolation that makes it correct *(graded:
-#    `packing`, 3 points)*;
-# 5. on a GPU host, see the same things with `nvidia-smi dmon` and Nsight Systems.
+#    `persistent_workers`, decoding once or every epoch, augmenting per image or per batch
+#    *(sections 3–4, about 60 minutes)*;
+# 4. cut padding on real text lengths: a length-bucketing sampler *(section 5, about 60 minutes
+#    for this item; graded: `bucket_sampler`, 3 points)* and sequence packing with the isolation
+#    that makes it correct *(graded: `packing`, 3 points)*;
+# 5. on a GPU host, see the same things with `nvidia-smi dmon` and Nsight Systems *(section 6,
+#    about 10 minutes)*.
 #
 # **How this lab is graded.** The grader takes only your functions and classes (and literal
 # constants) out of the solution cells and runs each on its own, with `math`, `np`, `torch`, `F`

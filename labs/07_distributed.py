@@ -19,23 +19,27 @@
 # and collectives, runs them for real on several processes of this machine, and checks every one
 # against a single-process reference. You will:
 #
-# 1. start a *world* of processes and use collectives;
+# 1. start a *world* of processes and use collectives *(section 1, about 20 minutes)*;
 # 2. turn single-process SGD into **data-parallel** SGD, then write a wrapper that behaves like
 #    PyTorch's `DistributedDataParallel`: it broadcasts rank 0's state, and all-reduces each
-#    gradient while backward is still running *(graded: `ddp_parity`, 3 points)*;
+#    gradient while backward is still running *(section 2, about 60 minutes; graded:
+#    `ddp_parity`, 3 points)*;
 # 3. make it cheaper with **gradient buckets** whose all-reduces overlap the backward pass, and
-#    see the overlap on a timeline *(graded: `bucketed_ddp`, 3 points)*;
+#    see the overlap on a timeline *(section 3, about 50 minutes; graded: `bucketed_ddp`,
+#    3 points)*;
 # 4. build the **ring all-reduce** from sends and receives, and see why it is bandwidth-optimal
-#    *(graded: `ring_allreduce`, 3 points)*;
+#    *(section 4, about 45 minutes; graded: `ring_allreduce`, 3 points)*;
 # 5. run a **parameter server** with asynchronous SGD, and bound the staleness of its gradients
-#    *(graded: `parameter_server`, 1 point)*;
-# 6. shard any optimizer's state across ranks with **ZeRO-1**, bit for bit equal to the unsharded
-#    optimizer *(graded: `zero1`, 2 points)*;
-# 7. compare what the gloo, MPI and NCCL backends offer, and see what a larger global batch buys;
+#    *(section 5, about 50 minutes; graded: `parameter_server`, 1 point)*;
+# 6. in the second session, shard any optimizer's state across ranks with **ZeRO-1**, bit for bit
+#    equal to the unsharded optimizer *(section 6, about 45 minutes; graded: `zero1`, 2 points)*;
+# 7. compare what the gloo, MPI and NCCL backends offer, and see what a larger global batch buys
+#    *(section 7, about 25 minutes)*;
 # 8. shard the weights themselves with **FSDP** (ZeRO-3), in fp32 and in bf16 with fp32 masters
-#    *(graded: `fsdp`, 3 points; `fsdp_mixed`, 2 points)*;
-# 9. split an MLP's matrices over the ranks: **tensor parallelism** *(graded: `tp_mlp`, 3 points)*;
-# 10. survey pipeline and sequence parallelism.
+#    *(section 8, about 80 minutes; graded: `fsdp`, 3 points; `fsdp_mixed`, 2 points)*;
+# 9. split an MLP's matrices over the ranks: **tensor parallelism** *(section 9, about
+#    40 minutes; graded: `tp_mlp`, 3 points)*;
+# 10. survey pipeline and sequence parallelism *(section 10, about 15 minutes)*.
 #
 # Everything runs on the CPU with the gloo backend: each *rank* is a separate process, and
 # collectives travel over local TCP sockets. The same functions run on NCCL with a GPU per rank,

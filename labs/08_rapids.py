@@ -21,15 +21,15 @@
 # several GPUs. In this lab you will:
 #
 # 1. see the first speed-up anyone can get on any machine: whole-column operations instead of a
-#    Python loop over rows *(graded: `vectorised`, 2 points)*;
+#    Python loop over rows *(sections 1–2, about 45 minutes; graded: `vectorised`, 2 points)*;
 # 2. write an ETL pipeline (clean, normalise strings, datetime features, a left join, a grouped
-#    aggregation) **once**, against the API pandas and cuDF share *(graded: `etl_pipeline`,
-#    4 points)*;
-# 3. train and predict with models that exist in both scikit-learn and cuML *(graded:
-#    `ml_predictions`, 3 points)*;
+#    aggregation) **once**, against the API pandas and cuDF share *(section 3, about 60 minutes;
+#    graded: `etl_pipeline`, 4 points)*;
+# 3. train and predict with models that exist in both scikit-learn and cuML *(section 5, about
+#    40 minutes; graded: `ml_predictions`, 3 points)*;
 # 4. on a GPU host, run the same code on cuDF and cuML *(graded on GPU profiles: `etl_gpu_speed`,
 #    `ml_gpu_speed`, 2 points each)*, meet `cudf.pandas`, and spread the pipeline over several
-#    processes with Dask.
+#    processes with Dask *(sections 4 and 6, about 40 minutes)*.
 #
 # **How this lab is graded.** The grader takes only your functions (and literal constants) out of
 # the solution cells and runs each on its own, with `math`, `np` (NumPy) and `day_of_week` as the

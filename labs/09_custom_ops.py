@@ -21,20 +21,23 @@
 # integer matrix multiply, and training that knows about the rounding. In this lab you will:
 #
 # 1. write the forward and backward of a recurrent cell (LLTM) in C++, build it with torch's
-#    `cpp_extension` (as `load_inline` would), and check the backward against autograd *(graded:
-#    `cpp_lltm`, 4 points)*; see its CUDA version compile for A100 and H100 without a GPU, and the
-#    cell registered as a `torch.library` op that `torch.compile` traces without a graph break;
+#    `cpp_extension` (as `load_inline` would), and check the backward against autograd *(section 1,
+#    about 90 minutes; graded: `cpp_lltm`, 4 points)*; see its CUDA version compile for A100 and
+#    H100 without a GPU, and the cell registered as a `torch.library` op that `torch.compile`
+#    traces without a graph break;
 # 2. quantise weights to int8, per tensor and per channel, and measure the error on a trained
-#    layer *(graded: `per_channel_int8`, 2 points)*;
+#    layer *(section 2, about 35 minutes; graded: `per_channel_int8`, 2 points)*;
 # 3. write an int8 × int8 → int32 matrix multiply in Triton with dequantisation in the epilogue,
-#    bit-exact *(graded: `int8_matmul`, 4 points; on GPU profiles `int8_matmul_speed`, 2 points)*;
+#    bit-exact *(section 3, about 70 minutes; graded: `int8_matmul`, 4 points; on GPU profiles
+#    `int8_matmul_speed`, 2 points)*;
 # 4. train with fake quantisation and the straight-through estimator, and beat post-training
-#    quantisation *(graded: `qat_beats_ptq`, 3 points)*;
-# 5. fold BatchNorm into the preceding Linear for inference and measure what `torch.compile` adds;
+#    quantisation *(section 4, about 45 minutes; graded: `qat_beats_ptq`, 3 points)*;
+# 5. fold BatchNorm into the preceding Linear for inference and measure what `torch.compile` adds
+#    *(section 5, about 15 minutes)*;
 # 6. distil a large model into a small one for fast single requests, against the same small model
-#    trained on labels;
+#    trained on labels *(section 6, about 25 minutes)*;
 # 7. see when skipping zeros pays: a sparse product against a dense one as the density falls, and
-#    the 2:4 pattern GPUs accelerate.
+#    the 2:4 pattern GPUs accelerate *(section 7, about 15 minutes)*.
 #
 # **How this lab is graded.** The grader takes your C++ source (the string `LLTM_CPP`), your
 # functions and classes, and your kernel out of their cells and runs each on its own: the C++ is

@@ -19,19 +19,19 @@
 # memory of a step go?** The model's LayerNorm, attention and optimizer can each be torch's or the
 # course's (labs 03, 05 and 04); its data are lab 06's corpus read as bytes. In this lab you will:
 #
-# 1. meet the model and choose its parts;
-# 2. write its transformer block, the one piece of the model the package leaves to you *(graded:
-#    `capstone_block`, 3 points)*, and train a model made of it *(graded: `capstone_training`, 2
-#    points)*;
+# 1. meet the model and choose its parts *(section 1, about 20 minutes)*;
+# 2. write its transformer block, the one piece of the model the package leaves to you, and train
+#    a model made of it *(section 2, about 75 minutes; graded: `capstone_block` 3 points,
+#    `capstone_training` 2 points)*;
 # 3. time a step: tokens per second, the model FLOPs utilisation (MFU), and the share of FLOPs
-#    against the share of time, op class by op class;
+#    against the share of time, op class by op class *(section 3, about 45 minutes)*;
 # 4. account for a step's memory, weights, gradients, optimizer state and activations, with a
 #    formula you derive and the grader checks against its own measurement on sizes you do not see
-#    *(graded: `capstone_memory`, 3 points)*;
+#    *(section 4, about 60 minutes; graded: `capstone_memory`, 3 points)*;
 # 5. run three experiments with plots: activation checkpointing per block, bf16 autocast against
-#    fp32, and `torch.compile` of the model with its graph breaks;
+#    fp32, and `torch.compile` of the model with its graph breaks *(section 5, about 45 minutes)*;
 # 6. on a GPU, race a step of your block on the course's kernels against the all-torch block
-#    *(graded on GPU profiles: `capstone_step_speed`, 2 points)*.
+#    *(section 6, about 25 minutes; graded on GPU profiles: `capstone_step_speed`, 2 points)*.
 #
 # **How this lab is graded.** The grader takes your class `Block` and your function
 # `predict_memory` out of their cells and runs each on its own, in a sandbox, on hidden sizes. Both

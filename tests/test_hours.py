@@ -43,3 +43,33 @@ def test_the_readme_table_has_each_labs_hours_and_points():
         gpu = sum(i.points for i in lab.items if notebook.needs_gpu(i, cpu))
         assert float(cells[2]) == _stated(name)[0], name
         assert (int(cells[3]), int(cells[4])) == (sum(i.points for i in lab.items) - gpu, gpu), name
+
+
+# An intro part's estimate: "*(section 4, about 50 minutes" or "*(sections 6, 8 and 9, about 60
+# minutes". A lettered section ("6a") is the numbered section's core; "6b" is an optional extra
+# the section-by-section time leaves out, so it is not counted.
+PART = re.compile(r"\*\(sections? ([\dab–, and]+?), about (\d+) minutes")
+
+
+def _parts(lab: str) -> list[tuple[list[int], int]]:
+    text = (ROOT / "labs" / f"{lab}.py").read_text()
+    intro = " ".join(text[:text.index("**Time:**")].replace("\n# ", " ").split())
+    parts = []
+    for label, minutes in PART.findall(intro):
+        if "b" in label:
+            continue
+        numbers = []
+        for a, b in re.findall(r"(\d+)[a]?(?:–(\d+))?", label):
+            numbers += list(range(int(a), int(b or a) + 1))
+        parts.append((numbers, int(minutes)))
+    return parts
+
+
+@pytest.mark.parametrize("lab", sorted(all_labs()))
+def test_the_intros_parts_cover_each_section_once_with_its_minutes(lab):
+    _, sections = _stated(lab)
+    parts = _parts(lab)
+    covered = sorted(n for numbers, _ in parts for n in numbers)
+    assert covered == sorted(int(n) for n in sections), f"{lab}: the intro's parts name {covered}"
+    for numbers, minutes in parts:
+        assert minutes == sum(sections[str(n)] for n in numbers), f"{lab}: sections {numbers}"
