@@ -422,11 +422,13 @@ if not QUICK:
 # %% [markdown]
 # On the 2-core course machine (`benchmarks/results/capstone.csv`, `CPU_CONFIG` at batch 8, one run
 # on 2026-11-29): checkpointing all four blocks cut the saved activations from 35.8 MB to 4.2 MB,
-# and the step times of the five settings (70 to 86 ms) were within that machine's noise; bf16
+# and the step times of the five settings (70 to 86 ms) came in no clear order (the sweep's
+# timings are not interleaved; the lab's own cell, run again on that machine, went from 71 ms with
+# no block recomputed to 104 ms with all four, about a third more: one extra forward); bf16
 # autocast saved 37% of the activations (22.5 MB) and was *slower*, 105 ms against 79 ms per step,
 # on a CPU without AVX512-BF16, while its loss after 100 steps (3.05) tracked fp32's (3.17); the
-# compiled model's first step took 28.6 s, one graph and no break, and its later steps 67 ms
-# against eager's 68. On a GPU each answer is different: run this section there.
+# compiled model's first step took 28.6 s with an empty compile cache (4.9 s with a warm one),
+# one graph and no break, and its later steps 67 ms against eager's 68. On a GPU each answer is different: run this section there.
 
 # %% [markdown]
 # ## 6. On a GPU: your block on the course's kernels against torch's

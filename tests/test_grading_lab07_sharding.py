@@ -35,7 +35,7 @@ def test_untouched_release_scores_nothing(course, cpu):
     # Full weights kept after every step: the peaks show them, and so do the ranks' own counts.
     pytest.param(DEMO_DIR / LAB / "buggy-fsdp-keeps-full-params.py",
                  {"fsdp": (2.0, "memory peak"), "fsdp_mixed": (4 / 3, "still holds")}, id="fsdp-keeps-full-params"),
-    pytest.param(DEMO_DIR / LAB / "buggy-tp-no-backward-allreduce.py", {"tp_mlp": (0.0, "dx")},
+    pytest.param(FIXTURE_DIR / f"{LAB}-mistake-tp-no-backward-allreduce.py", {"tp_mlp": (0.0, "dx")},
                  id="tp-no-backward-allreduce"),
     # One gather per unit and step on the relay; every unit still gathered when the next is, as the
     # ranks count it. On two ranks the peak of weights kept from forward to backward is no higher
