@@ -18,6 +18,7 @@ from __future__ import annotations
 from nbformat.v4 import new_output
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, SaveAutoGrades
+from traitlets import Bool
 
 from autograder.feedback import is_test_cell
 
@@ -25,9 +26,27 @@ NOT_RUN = ("Not run in this execution of your notebook: the autograder grades th
            "with inputs of its own, in a sandbox of its own. Its verdict is in your feedback.\n")
 
 
+AS_RELEASED = ("Not run: every code cell of this notebook is the release's as handed out, so nothing in it "
+               "is yours to run. Each graded item says 'not attempted' in your feedback.\n")
+
+
 class ExecuteUngradedCells(Execute):
     """nbgrader's Execute (the course's kernel manager, timeout and error settings apply as they
-    are), which runs every cell except the test cells."""
+    are), which runs every cell except the test cells.
+
+    A notebook whose code cells are all the release's (``as_released``, set by the grading job
+    that compared them) runs nothing: its record would only be the course's own cells run again,
+    seconds of a kernel per submission, and every item of it is already "not attempted"."""
+
+    as_released = Bool(False, help="every code cell is the release's: execute nothing").tag(config=True)
+
+    def preprocess(self, nb, resources, km=None):
+        if not self.as_released:
+            return super().preprocess(nb, resources, km=km)
+        first = next((cell for cell in nb.cells if cell.cell_type == "code"), None)
+        if first is not None:
+            first.outputs = [new_output("stream", name="stderr", text=AS_RELEASED)]
+        return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
         if is_test_cell(cell):

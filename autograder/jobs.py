@@ -220,8 +220,10 @@ def prepare_scratch(course: Course, lab: str, folder: Path) -> Path:
     return root
 
 
-def _nbgrader_autograde(root: Path, spec: JobSpec, env: dict) -> dict:
+def _nbgrader_autograde(root: Path, spec: JobSpec, env: dict, as_released: bool = False) -> dict:
     argv = [sys.executable, "-m", "autograder.nbgrader_main", "autograde", spec.lab, "--student", spec.student, "--force"]
+    if as_released:
+        argv.append("--ExecuteUngradedCells.as_released=True")
     if spec.cell_timeout:
         argv.append(f"--Execute.timeout={spec.cell_timeout}")
     done = run_sandboxed(argv, limits=NBGRADER_LIMITS, cwd=str(root), env=env, server=nbgrader_server(env))
@@ -247,6 +249,19 @@ def _automatic_scores(root: Path, lab: str, student: str) -> tuple[dict, dict]:
     return grades, comments
 
 
+def _code_as_released(nb: dict, release: Path) -> bool:
+    """Whether every code cell of ``nb`` is the release's, in order (sources compared as text)."""
+
+    def code(notebook_dict: dict) -> list[str]:
+        return ["".join(c.get("source") or "") if isinstance(c.get("source"), list) else str(c.get("source") or "")
+                for c in notebook_dict.get("cells", []) if isinstance(c, dict) and c.get("cell_type") == "code"]
+
+    try:
+        return code(nb) == code(notebook.read_notebook(release))
+    except (notebook.NotebookError, OSError):
+        return False
+
+
 def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> None:
     root = work / "course"
     shutil.copytree(spec.scratch, root)
@@ -257,7 +272,10 @@ def _run_nbgrader(spec: JobSpec, nb: dict, result: JobResult, work: Path) -> Non
     # which could hold links to another student's work.
     target.write_text(json.dumps(nb), encoding="utf-8")
     env = _nbgrader_run_env(Path(spec.course_root) / "student_package", spec.profile, spec.isolated)
-    result.nbgrader = _nbgrader_autograde(root, spec, env)
+    as_released = _code_as_released(nb, Course(Path(spec.course_root)).release(spec.lab))
+    result.nbgrader = _nbgrader_autograde(root, spec, env, as_released)
+    if as_released:
+        result.nbgrader["as_released"] = True
     executed = root / "autograded" / spec.student / spec.lab / f"{spec.lab}.ipynb"
     result.nbgrader["outputs_cut"] = notebook.cap_outputs(executed)
     if executed.is_file():

@@ -79,3 +79,12 @@ def test_the_scope_gives_the_block_what_its_constructor_uses():
     exec(lab.SCOPE, scope)
     assert {"torch", "F", "nn", "math", "GPTConfig", "LayerNorm"} <= set(scope)
     assert isinstance(scope["nn"].Linear(2, 2), nn.Module)
+
+
+def test_outputs_of_another_dtype_or_shape_fail_by_name_without_stopping_the_check():
+    inputs = lab.block_inputs(5, {"cases": [[16, 2, 5, 1], [16, 2, 6, 1]]})
+    outputs = lab.block_drive({"Block": capstone_model.Block}, inputs)
+    outputs[0]["y"] = outputs[0]["y"].double()
+    outputs[1]["y"] = outputs[1]["y"][:, :2]
+    verdict = lab.block_check(inputs, outputs, {})
+    assert verdict.fraction == 0 and "dtype" in verdict.reason
