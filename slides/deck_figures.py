@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from fastdl_lab import device, fusion, layernorm, measure, memory  # noqa: E402
 from fastdl_lab.amp import formats as amp_formats  # noqa: E402
 from fastdl_lab.attention import reference as attention  # noqa: E402
+from fastdl_lab.capstone import accounting, model as capstone_model  # noqa: E402
 from fastdl_lab.data import text  # noqa: E402
 from fastdl_lab.distributed import ring  # noqa: E402
 from fastdl_lab.quant import formats as quant_formats  # noqa: E402
@@ -171,6 +172,26 @@ def int8_error(ax):
     ax.legend(fontsize=8)
 
 
+def capstone_memory(ax):
+    """A training step's four parts, counted by storage: the lab's CPU model at batch 8 with the fused
+    attention, with the attention written out, and with every block checkpointed."""
+    config, batch = capstone_model.CPU_CONFIG, 8
+    variants = {"fused attention": {}, "attention written out": {"attention": "math"},
+                f"fused, all {config.n_layer} blocks checkpointed": {"recompute_blocks": config.n_layer}}
+    splits = {name: accounting.measure(config, batch, **options) for name, options in variants.items()}
+    x = np.arange(len(accounting.PARTS))
+    width = 0.8 / len(splits)
+    for i, (name, split) in enumerate(splits.items()):
+        bars = ax.bar(x + (i - (len(splits) - 1) / 2) * width, [split[p] / 1e6 for p in accounting.PARTS], width,
+                      label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(x, ["weights", "gradients", "AdamW moments", "saved activations"])
+    ax.set_ylabel("MB")
+    ax.set_title(f"A step's memory, fp32: d = {config.d_model}, {config.n_layer} blocks, {config.seq_len} tokens, "
+                 f"batch {batch} (counted by storage)", fontsize=10)
+    ax.legend(fontsize=8)
+
+
 FIGURES: dict[str, Callable] = {
     "roofline": roofline,
     "gemm_intensity": gemm_intensity,
@@ -181,6 +202,7 @@ FIGURES: dict[str, Callable] = {
     "padding": padding,
     "allreduce_model": allreduce_model,
     "int8_error": int8_error,
+    "capstone_memory": capstone_memory,
 }
 
 
