@@ -10,7 +10,7 @@ from nbgrader.utils import determine_grade
 
 from autograder.course import lab_sources, to_nbgrader_notebook
 from autograder.engine.items import all_labs
-from autograder.execute import NOT_RUN, ExecuteUngradedCells, SaveGradesOfOtherCells, autograde_preprocessors
+from autograder.execute import AS_RELEASED, NOT_RUN, ExecuteUngradedCells, SaveGradesOfOtherCells, autograde_preprocessors
 from autograder.feedback import is_test_cell
 from autograder.formgrader import TrustedAutograde
 
@@ -32,6 +32,29 @@ def test_test_cells_are_left_a_note_and_every_other_cell_runs(tmp_path):
     # Until the engine's verdict is written, nbgrader counts the unrun item as nothing.
     assert determine_grade(test) == (0, 2)
     assert after.outputs[0]["text"] == "42\n" and solution.execution_count == 1
+
+
+def test_a_notebook_as_released_runs_nothing_and_says_why(tmp_path):
+    from autograder.jobs import _code_as_released
+
+    cells = [graded("def f():\n    raise NotImplementedError", "f_code", solution=True, grade=False),
+             new_code_cell("print(open('/etc/hostname').read())")]
+    release = tmp_path / "release.ipynb"
+    nbformat.write(new_notebook(cells=cells), release)
+    submitted = nbformat.reads(nbformat.writes(new_notebook(cells=cells)), as_version=4)
+    as_dict = nbformat.from_dict(submitted)
+    assert _code_as_released(as_dict, release)
+    # The same code as a list of lines (nbformat's other spelling) is the same code.
+    lines = {**as_dict, "cells": [{**c, "source": c["source"].splitlines(keepends=True)} for c in as_dict["cells"]]}
+    assert _code_as_released(lines, release)
+    changed = nbformat.from_dict(submitted)
+    changed.cells[0].source = "def f():\n    return 42"
+    assert not _code_as_released(changed, release)
+    assert not _code_as_released(as_dict, tmp_path / "missing.ipynb")
+    ExecuteUngradedCells(kernel_name="python3", timeout=60, as_released=True).preprocess(
+        submitted, {"metadata": {"path": str(tmp_path)}})
+    assert submitted.cells[0].outputs == [nbformat.v4.new_output("stream", name="stderr", text=AS_RELEASED)]
+    assert submitted.cells[1].outputs == [] and submitted.cells[1].execution_count is None
 
 
 def test_only_nbgraders_execute_and_save_steps_are_replaced():
