@@ -1,6 +1,6 @@
 """Graded items of lab 10, the capstone: the student's transformer block, a short training run
 of a model made of it, the step's memory predicted from the sizes, and (GPU profiles) the step's
-time against the all-torch block.
+time against the package's block on the same kernels.
 
 The block and the memory formula are extracted artefacts (``Item.artefacts``): only the class
 ``Block`` and the function ``predict_memory`` leave the notebook, screened, and run with the names
@@ -14,7 +14,8 @@ The block and the memory formula are extracted artefacts (``Item.artefacts``): o
 - ``capstone_memory``: the student's function only answers; the four parts are measured here on
   the reference model (``fastdl_lab.capstone.accounting.measure``), in the grading process,
   which runs no student code;
-- ``capstone_step_speed``: timed on the grader's clock, call by call (``Clocked``).
+- ``capstone_step_speed``: a step of a model of the student's blocks against the same model of the
+  package's, both on torch's kernels, timed on the grader's clock, call by call (``Clocked``).
 """
 
 from __future__ import annotations
@@ -292,47 +293,44 @@ def speed_call(seed: int, params: dict, i: int) -> dict:
             "y": torch.randint(0, inputs["sizes"]["vocab_size"], shape, generator=gen)}
 
 
-def _stepper(block_class, inputs: dict, course_parts: bool):
-    """``run(call) -> loss``: one training step of the item's model, its parts the course's kernels
-    (``course_parts``) or torch's. The GPU path is the graded one; on a CPU (a test's profile) the
-    course's parts are their plain-PyTorch versions and the step runs in fp32."""
+def _stepper(block_class, inputs: dict):
+    """``run(call) -> loss``: one training step of the item's model of ``block_class`` blocks (the
+    package's where None), on torch's LayerNorm and attention: what is timed is the block's own
+    work, its splits, copies and projections, around the same kernels. bf16 autocast on a GPU
+    that has it, fp16 on one that has not (a T4); fp32 on a CPU (a test's profile)."""
     from fastdl_lab.capstone import model as capstone_model, step
 
     cuda = torch.cuda.is_available()
-    parts = ("course-triton" if cuda else "course-pytorch") if course_parts else "torch"
-    gpt = capstone_model.build(_config(inputs["sizes"]), layernorm=parts, attention=parts, seed=inputs["seed"],
-                               device="cuda" if cuda else "cpu", block=block_class)
-    # bf16 where the GPU has it (A100 and later); a T4 has fp16 tensor cores only.
+    device = "cuda" if cuda else "cpu"
+    gpt = capstone_model.build(_config(inputs["sizes"]), seed=inputs["seed"], device=device, block=block_class)
     gpt.autocast_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else None
     optimizer = step.make_optimizer(gpt)
 
     def run(call: dict):
-        device = "cuda" if cuda else "cpu"
         return step._step(gpt, optimizer, call["x"].to(device), call["y"].to(device)).float().cpu()
 
     return run
 
 
 def speed_candidate(ns: dict, inputs: dict):
-    # The student's block on the course's kernels: lab 03's LayerNorm and lab 05's FlashAttention.
-    return _stepper(ns["Block"], inputs, course_parts=True)
+    return _stepper(ns["Block"], inputs)
 
 
 def speed_baseline(_ns: dict, inputs: dict):
-    return _stepper(None, inputs, course_parts=False)
+    return _stepper(None, inputs)
 
 
 def speed_check(inputs: dict, outputs, params: dict, observed) -> Verdict:
     def differs(got, want, _call: int) -> str | None:
         if not isinstance(got, torch.Tensor) or got.numel() != 1 or not torch.isfinite(got).all():
             return f"returned {type(got).__name__}, not the step's loss"
-        # The same weights and batch: the losses differ only by the kernels' rounding (bf16).
+        # The same weights and batches: the losses differ only by rounding (bf16 on a GPU).
         if abs(got.item() - want.item()) > 0.05 * abs(want.item()):
-            return f"a loss of {got.item():.4f} where the all-torch block's is {want.item():.4f}"
+            return f"a loss of {got.item():.4f} where the package's block gives {want.item():.4f}"
         return None
 
-    return clocked_speed(observed, params, differs, "a step of your block on the course's kernels",
-                         "the same step on torch's LayerNorm and attention")
+    return clocked_speed(observed, params, differs, "a training step of a model of your blocks",
+                         "the same step of the package's blocks, both on torch's LayerNorm and attention")
 
 
 LAB = LabSpec(
@@ -354,7 +352,7 @@ LAB = LabSpec(
              artefacts=("Block",), scope=SCOPE, library=LIBRARY,
              reference=lambda inputs: {},
              clocked=Clocked(speed_call, speed_candidate, speed_baseline, warmup=2, reps=10),
-             description="a bf16 training step of your block on the course's kernels against the all-torch block, "
-                         "call by call on the grader's clock (GPU profiles)"),
+             description="a bf16 training step of a model of your blocks against the package's block, both on "
+                         "torch's kernels, call by call on the grader's clock (GPU profiles)"),
     ],
 )

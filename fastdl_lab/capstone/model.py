@@ -121,6 +121,24 @@ def _resolve(choice, table: dict, what: str):
     raise ValueError(f"{what} must be one of {sorted(table)} or a function, got {choice!r}")
 
 
+def usable_part(kind: str, choice) -> tuple[object, str]:
+    """``(choice, what it is)`` where the part runs here, else ``("torch", why not)``. The student
+    copy of the package leaves the course's graded exercises to the student (lab 05's attention,
+    in PyTorch and in Triton, is a stub that raises ``NotImplementedError``): a student who has not
+    pasted their own gets torch's part, and is told so."""
+    table = {"layernorm": LAYER_NORMS, "attention": ATTENTIONS}[kind]
+    if callable(choice):
+        return choice, "your own function"
+    part = _resolve(choice, table, kind)
+    x = torch.randn(1, 2, 4, 8, device="cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        part(x, x, x) if kind == "attention" else part(x, torch.ones_like(x[0, 0, 0]), torch.zeros_like(x[0, 0, 0]), 1e-5)
+    except NotImplementedError:
+        return "torch", (f"torch's: the package's {choice!r} is a graded exercise, left out of your copy of the "
+                         f"package; pass your own function to use yours")
+    return choice, f"the package's {choice!r}"
+
+
 class LayerNorm(nn.Module):
     """``nn.LayerNorm``'s parameters (``weight``, ``bias``) with the normalisation done by ``fn``."""
 
