@@ -32,23 +32,32 @@ export npm_config_cache := $(CACHE)/npm-cache
 # (there, the CPU-only wheel instead of the CUDA build and its libraries, for a laptop without an NVIDIA GPU).
 TORCH_INDEX ?=
 TORCH_INDEX_ARG = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+, := ,
+# $(call install,EXTRAS,WHAT): a Python the course can use, the venv made where missing, then one pip
+# run of the package with EXTRAS ("" or "[test]").
+define install
+@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
+@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' || \
+  { echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the course needs 3.11 to 3.13 (say PYTHON=...)"; exit 1; }
+@[ "$$(uname -s)" != Darwin ] || { echo "macOS: Triton, which runs every lab's kernels, publishes no macOS wheel," \
+  "so the course cannot be installed here. Use Linux, WSL2 on Windows, or a Linux virtual machine" \
+  "(README: Platforms)."; exit 1; }
+test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+@echo "$(2)"
+$(BIN)/pip install --disable-pip-version-check -e '.$(1)' --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
+endef
+COURSE_PACKAGES := the course's Python packages into $(VENV) (torch, Triton, JupyterLab, nbgrader and the rest): \
+  2.8 GB, 4-5 minutes the first time on the 2-core machine; pip lists each package as it goes
+
 $(STAMP): pyproject.toml
-	@test -n "$(PYTHON)" && command -v $(PYTHON) >/dev/null || { echo "needs Python 3.11, 3.12 or 3.13: none found (say PYTHON=...)"; exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 14))' || \
-	  { echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the course needs 3.11 to 3.13 (say PYTHON=...)"; exit 1; }
-	@[ "$$(uname -s)" != Darwin ] || { echo "macOS: Triton, which runs every lab's kernels, publishes no macOS wheel," \
-	  "so the course cannot be installed here. Use Linux, WSL2 on Windows, or a Linux virtual machine" \
-	  "(README: Platforms)."; exit 1; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing the course's Python packages into $(VENV) (torch, Triton, JupyterLab, nbgrader and the rest):" \
-	  "2.8 GB, 4-5 minutes the first time on the 2-core machine; pip lists each package as it goes"
-	$(BIN)/pip install --disable-pip-version-check -e . --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
+	$(call install,,installing $(COURSE_PACKAGES))
 	touch $@
 
-$(TEST_STAMP): $(STAMP)
-	@echo "installing the test extra into $(VENV) (pytest, JupyterHub with its spawners and authenticators, Playwright)"
-	$(BIN)/pip install --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat $(TORCH_INDEX_ARG)
-	touch $@
+# The test extra. Where the course's packages are not installed yet, they come in the same pip run
+# (one resolution and one install, not two), and both stamps are then up to date.
+$(TEST_STAMP): pyproject.toml
+	$(call install,[test],installing $(if $(wildcard $(STAMP)),the test extra into $(VENV),$(COURSE_PACKAGES)$(,) with the test extra) (pytest, JupyterHub with its spawners and authenticators, Playwright))
+	touch $(STAMP) $@
 
 venv: $(STAMP)
 

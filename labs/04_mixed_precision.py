@@ -916,7 +916,10 @@ assert _launches(40) == [1, 1, 1], f"launches per step with 40 tensors: {_launch
 # than none: a vector access to a misaligned address faults, hence the check on the host.
 
 # %%
-print(triton_aot.ptx_summary(optim.ptx(90, kernel=fused_adamw_kernel)))
+if QUICK:  # a compile to PTX, a second per graded run, and the grade needs none of it
+    print("the PTX of your kernel is left out of the grader's quick run of this notebook (FASTDL_QUICK=1)")
+else:
+    print(triton_aot.ptx_summary(optim.ptx(90, kernel=fused_adamw_kernel)))
 
 # %% [markdown]
 # ### Letting the compiler fuse it: `torch.compile` of `optimizer.step`
