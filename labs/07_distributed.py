@@ -1232,7 +1232,11 @@ plt.show()
 #   the output (`out.register_hook`), return the output. Cast `x` to `compute_dtype` only when
 #   one is given and only if `x` is floating-point (`fsdp.cast_floating` does both): an
 #   embedding's token ids must stay integers, as torch's FSDP leaves them;
-# - `before_backward(grad)`: gather again (return nothing, so the gradient passes unchanged).
+# - `before_backward(grad)`: gather again, and point the layers at the full vector
+#   (`use_views(self.full)`), so that anything that reads a layer's weight during its backward (a
+#   hook, a forward recomputed to save memory) sees the full weight, as torch's FSDP arranges;
+#   return nothing, so the gradient passes unchanged. `GatherParams.backward`'s `free()` puts
+#   the sharded parameters back.
 #
 # Only all-gathers and reduce-scatters may move data here. `fsdp.train_fsdp` wraps each block of
 # the model in your class and trains with SGD (momentum 0.9) on the model's parameters, which it
@@ -1335,6 +1339,7 @@ class FSDPUnit(nn.Module):
     def before_backward(self, grad):
         ### BEGIN SOLUTION
         self.gather()
+        self.use_views(self.full)
         ### END SOLUTION
 
 

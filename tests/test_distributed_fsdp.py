@@ -64,6 +64,24 @@ class _DropsReferences(fsdp.FSDPUnit):
         fsdp.register_sharded(self.slots, self.params)  # the layers back on their shards; no storage freed
 
 
+class _RegistersCopies(fsdp.FSDPUnit):
+    """The parameters under their own names, but copies of their pieces of the shard, written back
+    into it before each gather: parity holds, the weights are held twice."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__(module, compute_dtype)
+        self.params = [torch.nn.Parameter(p.detach().clone()) for p in self.params]
+        fsdp.register_sharded(self.slots, self.params)
+
+    def gather(self, async_op=False):
+        if self._pending is None:
+            with torch.no_grad():
+                for slot, param in zip(self.slots, self.params):
+                    lo = min(max(slot.offset - self.start, 0), self.shard_size)
+                    self.shard[lo:lo + param.numel()] = param.reshape(-1)
+        super().gather(async_op)
+
+
 def test_flat_layout_pads_to_equal_shards():
     block = MODEL()[0]
     slots, numel, shard = fsdp.flat_layout(block, 3)
@@ -144,6 +162,7 @@ def test_fsdp_in_bf16_keeps_fp32_masters_and_gathers_half_the_bytes(reference):
     (_KeepsFlatVector, "memory", "still holds"),
     (_KeepsGatheredUntilBackward, "wire", "all-gathers"),
     (_DropsReferences, "memory", "still holds"),
+    (_RegistersCopies, "memory", "not views of their unit's shard"),
 ])
 def test_fsdp_mistakes_keep_parity_but_are_measured(reference, unit_cls, where, words):
     results = _train(2, unit_cls=unit_cls)
@@ -176,6 +195,64 @@ def test_a_tied_embedding_fed_token_ids_trains_under_its_own_names(world_size, d
     assert fsdp.memory_problems(results, reference) + fsdp.wire_problems(results, reference, STEPS, dtype) == []
     assert list(results[0]["params"]) == [name for name, _ in reference.named_parameters()]
     assert "0.project.weight" not in results[0]["params"]  # the tie holds: one matrix, listed once
+
+
+TIED = (("embed", "weight"), ("project", "weight"), ("project", "bias"))
+
+
+def _registrations_trial(rank, world_size):
+    """What the layers of a tied unit hold before, while and after it computes, forward and
+    backward: each attribute's shape, whether it is a registered parameter, whether it lives in
+    the shard; and the parameters' names and gradients after the backward."""
+    unit = fsdp.FSDPUnit(LM()[0])
+    block, seen = unit.module, {}
+
+    def record(when):
+        seen[when] = {f"{owner}.{name}": (tuple(getattr(getattr(block, owner), name).shape),
+                                          name in getattr(block, owner)._parameters,
+                                          census.shares_storage(getattr(getattr(block, owner), name), unit.shard))
+                      for owner, name in TIED}
+        seen[when]["tied"] = block.embed.weight is block.project.weight
+
+    record("before")
+    block.register_forward_pre_hook(lambda *_: record("forward"))
+    out = unit(LM_DATA[0][:4])
+    record("after forward")
+    out.register_hook(lambda _: record("backward"))  # after the unit's own hook, which gathers again
+    out.square().sum().backward()
+    record("after backward")
+    return {"seen": seen, "start": unit.start, "shard_size": unit.shard_size,
+            "grads": {fsdp.clean_name(n): p.grad.clone() for n, p in unit.named_parameters()}}
+
+
+def test_layers_hold_full_views_while_computing_and_views_of_the_shard_otherwise():
+    block = LM()[0]
+    vocab, width = block.embed.weight.shape
+    numel = vocab * width + vocab
+    block(LM_DATA[0][:4]).square().sum().backward()
+    results = run_world(_registrations_trial, 2)
+    full = {"weight": (vocab, width), "bias": (vocab,)}
+    for rank, result in enumerate(results):
+        seen = result["seen"]
+        lo, hi = result["start"], result["start"] + result["shard_size"]
+        piece = {"weight": (0, vocab * width), "bias": (vocab * width, numel)}
+        sharded = {k: (max(0, min(b, hi) - max(a, lo)),) for k, (a, b) in piece.items()}
+        for when in seen:
+            assert seen[when]["tied"], (rank, when)  # both owners hold one tensor, always
+            got = {k: v for k, v in seen[when].items() if k != "tied"}
+            computing = when in ("forward", "backward")
+            # Computing: plain views of the gathered vector, full shape. Otherwise: registered
+            # parameters, 1-D views of the shard.
+            want = {f"{o}.{n}": (full[n], False, False) if computing else (sharded[n], True, True) for o, n in TIED}
+            assert got == want, (rank, when)
+        assert list(result["grads"]) == ["embed.weight", "project.bias"]
+    assert sum(r["seen"]["before"]["embed.weight"][0][0] for r in results) == vocab * width
+    assert 0 in [r["seen"]["before"]["project.bias"][0][0] for r in results]  # one rank holds none of it
+    # Every rank trained on the same rows, so the averaged gradient is the one-process gradient,
+    # the tied matrix's two uses summed; each rank's .grad is its piece of it.
+    for name, p in block.named_parameters():
+        got = torch.cat([r["grads"][name] for r in results]).view_as(p)
+        checks.assert_close(got, p.grad, atol=1e-5, rtol=1e-4, name=name)
 
 
 class _CastsEverything(fsdp.FSDPUnit):

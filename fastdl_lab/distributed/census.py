@@ -161,6 +161,12 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def shares_storage(t, base) -> bool:
+    """Whether ``t`` lives in ``base``'s storage: a view of it (an empty one included), not a copy."""
+    mine, theirs = _storage(t), _storage(base)
+    return mine is not None and theirs is not None and mine._cdata == theirs._cdata
+
+
 def resident_bytes(before: Snapshot, exclude=(), also=()) -> int:
     """Bytes of the storages alive now that are new or changed since ``before``, leaving out
     those under the tensors in ``exclude``; ``also`` adds storages the collector cannot see (held

@@ -17,11 +17,15 @@ weights exist only while that unit computes:
 2. after the forward, the vector's storage is **freed** (``untyped_storage().resize_(0)``): the
    autograd graph still refers to the views, so dropping a Python reference would free nothing;
 3. when backward reaches the unit, a hook on its output **re-gathers** into the same storage, so
-   the tensors autograd saved become valid again;
+   the tensors autograd saved become valid again, and the layers hold full views once more;
 4. after the unit's backward, the gradient of the flat vector is **reduce-scattered** (each rank
    receives the sum of everyone's gradient for its own shard), divided by N, and handed to the
    parameters' views as their ``.grad`` (views of it, as the parameters are of the shard); the
-   storage is freed again.
+   storage is freed again and the layers hold their sharded parameters.
+
+While a unit computes, forward or backward, its layers' attributes are plain full-shape views of
+the gathered vector; at every other time they are the registered sharded parameters (torch's
+FSDP swaps its registrations the same way).
 
 A rank therefore holds 1/N of the parameters, gradients and optimizer state, plus one unit's full
 weights at a time; the price is one more all-gather per unit and step than ZeRO-1's traffic
@@ -322,6 +326,10 @@ class FSDPUnit(nn.Module):
     def before_backward(self, grad: torch.Tensor) -> None:
         ### BEGIN SOLUTION
         self.gather()
+        # Autograd's saved views see the weights again through the storage; the layers are
+        # pointed at the full vector too, so that what reads them during the unit's backward
+        # (a hook, a recomputed forward) finds full weights, as torch's FSDP registers them.
+        self.use_views(self.full)
         ### END SOLUTION
 
 
@@ -475,8 +483,24 @@ def train_fsdp(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential]
             "grad_bytes": census.storage_bytes([p.grad for p in params if p.grad is not None]),
             "state_bytes": census.storage_bytes(state),
             "resident_bytes": census.resident_bytes(before, exclude=state, also=wire.gathered_storages()),
+            "foreign_params": foreign_parameters(model),
         }
     return {"params": named_pieces(model), "memory": memory, "wire": wire.summary(), "output_dtype": out_dtype}
+
+
+def foreign_parameters(model: nn.Sequential) -> list[str]:
+    """The clean names of the units' parameters that do not live in their own unit's ``shard``.
+
+    Names alone do not make FSDP: a parameter registered under its name as a copy of its piece
+    of the shard is a second copy of the weights, the optimizer steps on it and not on what the
+    gathers read, and the memory per rank is no longer 1/N. Each must be a view of the shard
+    (an empty one where the parameter lies in other ranks' shards)."""
+    found = []
+    for prefix, unit in model.named_children():
+        shard = getattr(unit, "shard", None)
+        found += [clean_name(name) for name, p in unit.named_parameters(prefix=prefix)
+                  if not census.shares_storage(p, shard)]
+    return found
 
 
 def named_pieces(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -550,10 +574,11 @@ def check_parity(results: list[dict], reference: nn.Sequential, name: str = "FSD
 def memory_problems(results: list[dict], reference: nn.Sequential) -> list[str]:
     """What is wrong with the memory each rank kept after its last step (empty when 1/N).
 
-    A rank must hold its fp32 shards (exactly their bytes: the parameters are views of them), the
-    optimizer's momentum for its elements (exactly their bytes: the loop leaves that state out of
-    the count, so nothing may hide there), and the gradients; anything else that stays alive may
-    add at most half of the shards and gradients again.
+    A rank's parameters must be views of its units' shards (``foreign_parameters``); it must hold
+    its fp32 shards (exactly their bytes), the optimizer's momentum for its elements (exactly
+    their bytes: the loop leaves that state out of the count, so nothing may hide there), and the
+    gradients; anything else that stays alive may add at most half of the shards and gradients
+    again.
     """
     world_size = len(results)
     shard_bytes = 4 * sum(shard for _, shard in unit_sizes(reference, world_size))
@@ -562,7 +587,13 @@ def memory_problems(results: list[dict], reference: nn.Sequential) -> list[str]:
     for rank, result in enumerate(results):
         mem = result["memory"]
         state_bytes = 4 * rank_elements(reference, world_size, rank)
-        if mem["param_bytes"] != shard_bytes:
+        if mem["foreign_params"]:
+            foreign = mem["foreign_params"]
+            problems.append(f"rank {rank}: parameters that are not views of their unit's shard but tensors of "
+                            f"their own: {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} "
+                            f"({len(foreign)}); the optimizer must step on the shard, through views of it "
+                            "(fsdp.sharded_parameters)")
+        elif mem["param_bytes"] != shard_bytes:
             problems.append(f"rank {rank} optimises {mem['param_bytes']} B of parameters; its fp32 shards are "
                             f"{shard_bytes} B (the whole model: {full_bytes} B)")
         elif mem["state_bytes"] != state_bytes:

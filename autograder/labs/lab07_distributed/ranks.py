@@ -206,7 +206,8 @@ def fsdp_rank(ns: dict, inputs: dict) -> dict:
         memory = {"param_bytes": census.storage_bytes(params),
                   "grad_bytes": census.storage_bytes([p.grad for p in params if p.grad is not None]),
                   "state_bytes": census.storage_bytes(state),
-                  "resident_bytes": census.resident_bytes(before, exclude=state, also=gathers.log.gathered_storages())}
+                  "resident_bytes": census.resident_bytes(before, exclude=state, also=gathers.log.gathered_storages()),
+                  "foreign_params": fsdp.foreign_parameters(model)}
     return {"params": fsdp.named_pieces(model), "memory": memory, "wire": gathers.log.summary(),
             "output_dtype": out_dtype}
 
