@@ -57,8 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastdl_lab import checks, timing
-from fastdl_lab.capstone import accounting, breakdown, data, experiments, step
+from fastdl_lab import checks
+from fastdl_lab.capstone import accounting, bench, breakdown, data, experiments, step
 from fastdl_lab.capstone import model as gpt_model
 from fastdl_lab.capstone.model import GPTConfig, LayerNorm
 
@@ -254,15 +254,8 @@ print("capstone_training: visible tests passed")
 # *achievable* matmul rate the model gets; against a datasheet peak it would be lower.
 
 # %%
-def measured_peak(n=None):
-    """FLOP/s of one large square matmul on this device: fp32 on a CPU, bf16 on a GPU."""
-    n = n or (8192 if DEV == "cuda" else 512 if QUICK else 1024)
-    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
-    a, b = (checks.randn(n, n, dtype=dtype, device=DEV, seed=s) for s in (0, 1))
-    return 2 * n**3 / timing.bench(lambda: a @ b, warmup=2, reps=3 if QUICK else 10).median
-
-
-peak = measured_peak()
+# The capstone benchmark's measurement (fastdl_lab/capstone/bench.py), at this notebook's sizes.
+peak = bench.measured_peak(8192 if DEV == "cuda" else 512 if QUICK else 1024, DEV, reps=3 if QUICK else 10)
 gpt = gpt_model.build(config, block=Block, device=DEV, **PARTS)
 optimizer = step.make_optimizer(gpt)
 t = step.step_throughput(gpt, optimizer, batch_size=8, reps=3 if QUICK else 10, peak_flops=peak)

@@ -233,3 +233,15 @@ def test_a_students_block_class_builds_the_model_with_the_same_weights():
     assert all(type(b) is Mine for b in theirs.blocks)
     for (name, a), (_, b) in zip(theirs.state_dict().items(), ours.state_dict().items(), strict=True):
         assert a.equal(b), name
+
+
+def test_the_benchmarks_step_and_memory_rows_are_whole_and_the_memory_is_the_formulas():
+    from fastdl_lab.capstone import bench
+
+    spec = bench.BENCHMARK["quick"]
+    rows = bench.step_rows(spec, "cpu") + bench.memory_rows(spec, "cpu")
+    assert [r["experiment"] for r in rows] == ["peak", "step", "step", "memory", "memory", "memory", "memory"]
+    assert all(set(r) == set(bench.BENCHMARK["columns"]) and r["figure"] for r in rows)
+    for r in rows[1:3]:
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"]
+    assert all(r["note"] == f"predicted {r['figure']}" for r in rows[3:])

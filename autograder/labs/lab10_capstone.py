@@ -25,7 +25,7 @@ import random
 import torch
 
 from autograder.engine.items import Clocked, Item, LabSpec, Verdict
-from autograder.labs._common import clocked_speed, failure_text, per_case, require_tensor
+from autograder.labs._common import clocked_speed, per_case, require_tensor
 from fastdl_lab import checks
 
 # What the extracted Block and predict_memory may use: the package's LayerNorm module (a holder of

@@ -24,15 +24,17 @@ from fastdl_lab.capstone import accounting, experiments, model as capstone_model
 
 BENCHMARK = {
     "name": "capstone",
-    "cpu": {"step": (capstone_model.CPU_CONFIG, 8), "experiments": (capstone_model.CPU_CONFIG, 8), "peak_n": 1024,
+    "cpu": {"step": (capstone_model.CPU_CONFIG, 8), "experiments": (capstone_model.CPU_CONFIG, 8),
+            "memory": (capstone_model.CPU_CONFIG, 8), "peak_n": 1024,
             "precision_steps": 100, "compile_steps": 6, "reps": 10},
     "gpu": {"step": (capstone_model.GPU_CONFIG, 8),
             "experiments": (capstone_model.GPTConfig(vocab_size=50304, seq_len=1024, d_model=768, n_head=12,
                                                      n_layer=12), 8),
-            "peak_n": 8192, "precision_steps": 100, "compile_steps": 6, "reps": 20},
+            "memory": (capstone_model.CPU_CONFIG, 8), "peak_n": 8192, "precision_steps": 100, "compile_steps": 6,
+            "reps": 20},
     "quick": {"step": (capstone_model.GPTConfig(seq_len=16, d_model=32, n_head=2, n_layer=1), 2),
               "experiments": (capstone_model.GPTConfig(seq_len=16, d_model=32, n_head=2, n_layer=1), 2),
-              "peak_n": 64, "precision_steps": 3, "compile_steps": 2, "reps": 2},
+              "memory": (capstone_model.GPTConfig(seq_len=16, d_model=32, n_head=2, n_layer=1), 2), "peak_n": 64, "precision_steps": 3, "compile_steps": 2, "reps": 2},
     "columns": ["experiment", "variant", "case", "median_s", "tokens_per_s", "mfu", "figure", "unit", "note"],
 }
 Log = Callable[[str], None]
@@ -75,9 +77,9 @@ def step_rows(spec: dict, dev: str) -> list[dict]:
 
 
 def memory_rows(spec: dict, dev: str) -> list[dict]:
-    # Counted by storage on the CPU: the same bytes on any machine for the same sizes and fp32.
-    config, batch = spec["step"] if dev == "cpu" else spec["experiments"]
-    config = capstone_model.CPU_CONFIG if dev == "cuda" else config
+    # Counted by storage on the CPU (``accounting.measure``): the same bytes on any machine for the
+    # same sizes in fp32, so a GPU host records the CPU size too.
+    config, batch = spec["memory"]
     measured = accounting.measure(config, batch)
     predicted = accounting.predict_memory_ref(config, batch)
     return [row(experiment="memory", variant=part, case=_case(config, batch, "fp32"), figure=measured[part],
